@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The test command on a fresh machine: create .venv-test, install everything the tests need,
+# run ruff, mypy (strict on tierkv/) and pytest.
+#   bash scripts/test.sh         default target: everything not marked slow (well under 15 minutes)
+#   bash scripts/test.sh slow    the slow target: crash loops, load tests, multi-process suites
+#   bash scripts/test.sh all     both
+set -euo pipefail
+cd "$(dirname "$0")/.."
+target="${1:-default}"
+venv="${TIERKV_TEST_VENV:-.venv-test}"
+source scripts/_venv.sh "$venv" "test,demo,codecs,replay,cxl,rdma,conformance"
+# the third-party example backend is installed like any user's plugin
+"$venv/bin/pip" install -q -e ./examples/redis_backend
+if ! command -v redis-server >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >/dev/null
+    else
+        echo "redis-server missing and cannot be installed (not root): the redis example tests will fail" >&2
+    fi
+fi
+export PATH="$PWD/$venv/bin:$PATH"
+case "$target" in
+    default)
+        ruff check .
+        ruff format --check .
+        mypy
+        pytest -m "not slow" -q
+        ;;
+    slow)
+        pytest -m slow -q
+        ;;
+    all)
+        "$0" default
+        "$0" slow
+        ;;
+    *)
+        echo "usage: $0 [default|slow|all]" >&2
+        exit 2
+        ;;
+esac

@@ -1,0 +1,104 @@
+"""Config parsing: dict, TOML path, Config object; every bad field names itself."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tierkv import Config, ConfigError
+
+HF = json.loads((Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text())
+
+
+def base() -> dict[str, Any]:
+    return {
+        "model": {"name": "smol", "revision": "r1", "hf_config": HF},
+        "kv_dtype": "float16",
+        "tiers": [{"name": "dram", "backend": "dram", "capacity": "64MiB"}],
+    }
+
+
+def test_dict_and_defaults() -> None:
+    cfg = Config.load(base())
+    assert cfg.model.attention == "gqa"
+    assert cfg.effective_block_tokens == 128  # GQA default
+    assert cfg.tiers[0].options["capacity"] == "64MiB"
+    assert Config.load(cfg) is cfg
+
+
+def test_toml(tmp_path: Path) -> None:
+    p = tmp_path / "c.toml"
+    hf = ", ".join(f"{k} = {json.dumps(v)}" for k, v in HF.items() if isinstance(v, (int, str)))
+    p.write_text(
+        f"""
+kv_dtype = "bfloat16"
+block_tokens = 32
+[model]
+name = "smol"
+hf_config = {{ {hf} }}
+[[tiers]]
+name = "fast"
+backend = "dram"
+capacity = "1GiB"
+high_watermark = 0.5
+"""
+    )
+    cfg = Config.load(p)
+    assert cfg.kv_dtype == "bfloat16" and cfg.block_tokens == 32
+    assert cfg.tiers[0].name == "fast" and cfg.tiers[0].high_watermark == 0.5
+    assert cfg.tiers[0].low_watermark == 0.5
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field"),
+    [
+        (lambda c: c.update(kv_dtype="int4"), "kv_dtype"),
+        (lambda c: c.update(block_tokens=-1), "block_tokens"),
+        (lambda c: c.update(block_tokens="8"), "block_tokens"),
+        (lambda c: c.update(tiers=[]), "tiers"),
+        (lambda c: c.update(tiers=["dram"]), "tiers[0]"),
+        (lambda c: c["tiers"][0].update(high_watermark=1.5), "tiers[0].high_watermark"),
+        (lambda c: c["tiers"][0].update(low_watermark=0.95), "tiers[0].low_watermark"),
+        (lambda c: c["tiers"].append({"name": "dram", "backend": "pfs"}), "tiers[1].name"),
+        (lambda c: c["tiers"][0].pop("backend"), "tiers[0].backend"),
+        (lambda c: c.update(bogus=1), "bogus"),
+        (lambda c: c["model"].pop("name"), "model.name"),
+        (lambda c: c["model"].pop("hf_config"), "model.hf_config"),
+        (lambda c: c["model"].update(extra=1), "model.extra"),
+        (lambda c: c.update(load_failure="retry"), "load_failure"),
+        (lambda c: c.update(share_across_tenants="yes"), "share_across_tenants"),
+        (lambda c: c.update(world_size=2, kv_rank=2), "kv_rank"),
+        (lambda c: c["model"]["hf_config"].pop("num_hidden_layers"), "num_hidden_layers"),
+    ],
+)
+def test_bad_fields_name_themselves(mutate: Any, field: str) -> None:
+    c = base()
+    c["model"]["hf_config"] = dict(HF)
+    mutate(c)
+    with pytest.raises(ConfigError) as ei:
+        Config.load(c)
+    assert field in str(ei.value)
+    assert "allowed" in str(ei.value)
+
+
+def test_bad_sources(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="TOML"):
+        Config.load(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("this is = = not toml")
+    with pytest.raises(ConfigError, match="valid TOML"):
+        Config.load(bad)
+    with pytest.raises(ConfigError):
+        Config.load(42)  # type: ignore[arg-type]
+
+
+def test_scope_reflects_config() -> None:
+    a = Config.load(base()).scope()
+    c = base()
+    c["model"]["revision"] = "r2"
+    b = Config.load(c).scope()
+    assert a.digest() != b.digest()
+    assert a.block_tokens == 128 and a.kv_dtype == "float16"

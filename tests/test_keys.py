@@ -1,0 +1,124 @@
+"""Key derivation: canonical scope, chained block hashes, no delimiter ambiguity."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tierkv import ConfigError, Scope, TokensError
+from tierkv._keys import block_keys, tenant_salt, to_token_array
+
+BASE = Scope(
+    model_name="m",
+    model_revision="r",
+    weights_fingerprint="w",
+    lora_adapter="l",
+    tokenizer_revision="t",
+    kv_dtype="float16",
+    attention_layout="gqa",
+    world_size=2,
+    kv_rank=1,
+    object_group="kv",
+    block_tokens=4,
+    tenant_salt="s",
+)
+
+
+def _mutations() -> list[tuple[str, object]]:
+    out: list[tuple[str, object]] = []
+    for f in dataclasses.fields(Scope):
+        v = getattr(BASE, f.name)
+        if isinstance(v, str):
+            out.append((f.name, v + "x"))
+        elif f.name == "world_size":
+            out.append((f.name, 3))
+        elif f.name == "kv_rank":
+            out.append((f.name, 0))
+        else:
+            out.append((f.name, v + 1))
+    return out
+
+
+TOKENS = np.arange(40, dtype=np.int64)
+
+
+@pytest.mark.parametrize(("field", "value"), _mutations(), ids=[m[0] for m in _mutations()])
+def test_changing_any_scope_field_changes_every_key(field: str, value: object) -> None:
+    changed = dataclasses.replace(BASE, **{field: value})
+    bt = changed.block_tokens
+    a = block_keys(BASE.digest(), TOKENS, BASE.block_tokens)
+    b = block_keys(changed.digest(), TOKENS, bt)
+    assert a and b
+    assert not set(a) & set(b)
+
+
+def test_every_scope_field_is_covered() -> None:
+    assert {f.name for f in dataclasses.fields(Scope)} == {m[0] for m in _mutations()}
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    field=st.sampled_from([f.name for f in dataclasses.fields(Scope) if f.type in ("str", str)]),
+    value=st.text(max_size=20),
+)
+def test_property_any_string_field_change_changes_keys(field: str, value: str) -> None:
+    if field == "model_name" and not value:
+        return
+    if getattr(BASE, field) == value:
+        return
+    other = dataclasses.replace(BASE, **{field: value})
+    assert not set(block_keys(BASE.digest(), TOKENS, 4)) & set(block_keys(other.digest(), TOKENS, 4))
+
+
+def test_no_delimiter_ambiguity() -> None:
+    a = Scope(model_name="a", model_revision="b:c")
+    b = Scope(model_name="a:b", model_revision="c")
+    assert a.digest() != b.digest()
+    c = Scope(model_name="a", model_revision='b","model_revision":"c')
+    assert c.digest() != a.digest()
+
+
+def test_chained_prefix_property() -> None:
+    d = BASE.digest()
+    full = block_keys(d, TOKENS, 4)
+    assert len(full) == 10
+    assert block_keys(d, TOKENS[:23], 4) == full[:5]  # partial trailing block has no key
+    t2 = TOKENS.copy()
+    t2[9] = 999  # change one token in block 2
+    k2 = block_keys(d, t2, 4)
+    assert k2[:2] == full[:2]
+    assert not set(k2[2:]) & set(full[2:])
+
+
+def test_token_conversion_and_errors() -> None:
+    assert to_token_array([1, 2, 3]).dtype == np.int64
+    assert to_token_array(np.array([1, 2], dtype=np.uint32)).tolist() == [1, 2]
+    for bad in ([1.5], [True], "abc", np.zeros((2, 2), dtype=np.int64), np.array([0.5]), [-1], 3):
+        with pytest.raises(TokensError):
+            to_token_array(bad)
+
+
+def test_torch_tokens() -> None:
+    torch = pytest.importorskip("torch")
+    assert to_token_array(torch.tensor([5, 6, 7])).tolist() == [5, 6, 7]
+    with pytest.raises(TokensError):
+        to_token_array(torch.tensor([0.5]))
+
+
+def test_scope_validation() -> None:
+    with pytest.raises(ConfigError, match="model_name"):
+        Scope(model_name="")
+    with pytest.raises(ConfigError, match="kv_rank"):
+        Scope(model_name="m", world_size=2, kv_rank=2)
+    with pytest.raises(ConfigError, match="block_tokens"):
+        Scope(model_name="m", block_tokens=0)
+
+
+def test_tenant_salt_hides_name() -> None:
+    assert tenant_salt(None) == tenant_salt("") == ""
+    s = tenant_salt("acme")
+    assert s and "acme" not in s and s != tenant_salt("acme2")

@@ -1,0 +1,101 @@
+"""tierkv: place the KV cache of LLM inference across a memory hierarchy.
+
+Open a store with ``kv = await TierKV.open(config)``; see the README for a
+quickstart and ``docs/`` for the backend protocol and the tiers.
+"""
+
+from ._backend import (
+    API_VERSION,
+    MAX_TAG_BYTES,
+    Allocation,
+    Availability,
+    Backend,
+    BackendStats,
+    BlockInfo,
+    Buffer,
+    Capabilities,
+    SupportsDeviceIO,
+    SupportsScan,
+    TierKind,
+)
+from ._config import KV_DTYPES, Config, TierConfig
+from ._errors import (
+    BackendClosedError,
+    BackendError,
+    BackendIOError,
+    BlockExistsError,
+    BlockNotFoundError,
+    CapacityError,
+    ClosedError,
+    CodecError,
+    ConfigError,
+    DecodeError,
+    InputError,
+    IntegrityError,
+    KVLayoutError,
+    LoadFailedError,
+    PluginConflictError,
+    PluginError,
+    PluginNotFoundError,
+    PluginUnavailableError,
+    PluginValidationError,
+    SchedulerError,
+    TierKVError,
+    TierUnavailableError,
+    TokensError,
+)
+from ._keys import Scope
+from ._model import AttentionKind, ModelSpec
+from ._tierkv import GetResult, LookupResult, PutResult, TierKV, TierStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "API_VERSION",
+    "KV_DTYPES",
+    "MAX_TAG_BYTES",
+    "Allocation",
+    "AttentionKind",
+    "Availability",
+    "Backend",
+    "BackendClosedError",
+    "BackendError",
+    "BackendIOError",
+    "BackendStats",
+    "BlockExistsError",
+    "BlockInfo",
+    "BlockNotFoundError",
+    "Buffer",
+    "Capabilities",
+    "CapacityError",
+    "ClosedError",
+    "CodecError",
+    "Config",
+    "ConfigError",
+    "DecodeError",
+    "GetResult",
+    "InputError",
+    "IntegrityError",
+    "KVLayoutError",
+    "LoadFailedError",
+    "LookupResult",
+    "ModelSpec",
+    "PluginConflictError",
+    "PluginError",
+    "PluginNotFoundError",
+    "PluginUnavailableError",
+    "PluginValidationError",
+    "PutResult",
+    "SchedulerError",
+    "Scope",
+    "SupportsDeviceIO",
+    "SupportsScan",
+    "TierConfig",
+    "TierKV",
+    "TierKVError",
+    "TierKind",
+    "TierStats",
+    "TierUnavailableError",
+    "TokensError",
+    "__version__",
+]

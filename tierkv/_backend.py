@@ -1,0 +1,444 @@
+"""The tier backend protocol: Allocate / Read / Write / Evict, plus stats and close.
+
+A backend stores opaque byte blocks under keys in one tier of the memory
+hierarchy (GPU HBM, host DRAM, CXL memory, NVMe, an RDMA pool, a parallel
+filesystem, or anything a third party plugs in). It knows nothing of tokens,
+models or placement: the core decides what goes where, and when something
+leaves. A third-party backend subclasses :class:`Backend`, implements the
+abstract methods below, registers the class under the ``tierkv.backends``
+entry-point group, and certifies itself with ``tierkv certify NAME``.
+
+Contract shared by every method
+-------------------------------
+* Keys are ``str`` of 1 to 128 characters from ``[0-9a-zA-Z._-]``; the core
+  passes 64 lower-case hex digits. Keys are safe as file names and network keys.
+* Every failure is a :class:`~tierkv.TierKVError` subclass; foreign exceptions
+  (``OSError``, a client library's errors or status codes) are translated at the
+  boundary and chained (``raise BackendIOError(...) from exc``).
+* After :meth:`Backend.aclose` every method except ``aclose`` and ``stats``
+  raises :class:`~tierkv.BackendClosedError`; ``aclose`` is idempotent.
+* Methods are safe to call concurrently from many tasks of one event loop, on
+  distinct keys and on the same key. Blocking work (syscalls, copies of more
+  than a few KiB, client calls) runs in worker threads through
+  ``anyio.to_thread.run_sync`` with a limiter sized by
+  :attr:`Capabilities.max_concurrency`; the event loop is never blocked.
+* Cancellation: a cancelled or failed :meth:`Backend.write` leaves nothing
+  visible under the key and releases its reservation; a cancelled read or
+  evict leaves the stored block as it was or removed, never half removed.
+* A backend never evicts on its own: eviction is the core's decision. A shared
+  remote store that loses a block by itself (its own pressure eviction) reports
+  it as :class:`~tierkv.BlockNotFoundError`, never as wrong bytes.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, Self, runtime_checkable
+
+import numpy as np
+
+from ._errors import BackendClosedError, BackendError, InputError
+
+__all__ = [
+    "API_VERSION",
+    "MAX_TAG_BYTES",
+    "Allocation",
+    "Availability",
+    "Backend",
+    "BackendStats",
+    "BlockInfo",
+    "Buffer",
+    "Capabilities",
+    "SupportsDeviceIO",
+    "SupportsScan",
+    "TierKind",
+    "as_byte_view",
+    "validate_key",
+]
+
+#: Version of this protocol. A backend declares the version it implements in
+#: ``Backend.api_version``; the registry refuses a mismatch.
+API_VERSION = 1
+
+#: Largest ``tag`` a backend must be able to store with a block.
+MAX_TAG_BYTES = 256
+
+_KEY_RE = re.compile(r"^[0-9A-Za-z._-]{1,128}$")
+
+#: Host buffers accepted by ``write`` and ``read(into=...)``: anything exposing
+#: the buffer protocol with C-contiguous memory (bytes, bytearray, memoryview,
+#: a C-contiguous numpy array; a CPU torch tensor through ``tensor.numpy()``).
+Buffer = bytes | bytearray | memoryview | np.ndarray[Any, Any]
+
+
+class TierKind(StrEnum):
+    """Which level of the hierarchy a backend serves (fastest first)."""
+
+    HBM = "hbm"
+    DRAM = "dram"
+    CXL = "cxl"
+    NVME = "nvme"
+    RDMA = "rdma"
+    PFS = "pfs"
+    REMOTE = "remote"
+    OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend declares about itself; the conformance suite and the
+    scheduler read it.
+
+    Attributes:
+        tier_kind: the level of the hierarchy.
+        persistent: committed blocks survive ``aclose`` and a process crash;
+            the backend then also implements :class:`SupportsScan`, and a
+            ``write`` returns only once the block is durable.
+        shared: blocks are visible to other processes or hosts using the same
+            configuration (a network pool, a shared filesystem).
+        device_resident: blocks live in accelerator memory; the backend also
+            implements :class:`SupportsDeviceIO`.
+        alignment: the I/O alignment in bytes the medium prefers (1 for memory).
+        max_block_bytes: the largest block ``allocate`` accepts.
+        max_concurrency: worker threads / in-flight I/Os the backend uses.
+        envelope_threshold: minimum throughput ratio against the raw reference
+            for certification (``tierkv certify``).
+    """
+
+    tier_kind: TierKind
+    persistent: bool = False
+    shared: bool = False
+    device_resident: bool = False
+    alignment: int = 1
+    max_block_bytes: int = 1 << 30
+    max_concurrency: int = 8
+    envelope_threshold: float = 0.8
+
+
+@dataclass(frozen=True, slots=True)
+class Availability:
+    """Whether a backend can run on this machine, and if not why and what would fix it."""
+
+    usable: bool
+    reason: str = ""
+    hint: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """A reservation returned by :meth:`Backend.allocate` and consumed by :meth:`Backend.write`.
+
+    ``handle`` is backend-private (an arena offset, a slot number); callers
+    must treat it as opaque.
+    """
+
+    key: str
+    nbytes: int
+    tag: bytes = b""
+    handle: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BlockInfo:
+    """One committed block as reported by :meth:`SupportsScan.scan`."""
+
+    key: str
+    nbytes: int
+    tag: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class BackendStats:
+    """A snapshot of a backend's accounting.
+
+    ``used_bytes`` counts committed blocks plus pending reservations;
+    ``reserved_bytes`` is the pending part. ``io_path`` names the data path in
+    use (``"memcpy"``, ``"O_DIRECT preadv/pwritev"``, ``"kvikio cuFile (GDS)"``,
+    ``"mooncake tcp"``, ...); ``emulated`` is true when the backend runs on a
+    stand-in for its real hardware. ``details`` holds backend-specific numbers.
+    """
+
+    tier: str
+    kind: TierKind
+    capacity_bytes: int
+    used_bytes: int
+    blocks: int
+    reserved_bytes: int = 0
+    reads: int = 0
+    writes: int = 0
+    evictions: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    io_path: str = ""
+    emulated: bool = False
+    details: Mapping[str, Any] = field(default_factory=lambda: types.MappingProxyType({}))
+
+
+def validate_key(key: object, *, tier: str = "") -> str:
+    """Return ``key`` if it is a valid block key, else raise :class:`~tierkv.InputError`."""
+    if not isinstance(key, str) or not _KEY_RE.match(key):
+        raise InputError(
+            f"{'[' + tier + '] ' if tier else ''}invalid block key {key!r}: "
+            "expected 1-128 characters from [0-9A-Za-z._-]"
+        )
+    return key
+
+
+def as_byte_view(data: object, *, writable: bool = False, what: str = "data") -> memoryview:
+    """View ``data`` as a flat, C-contiguous ``memoryview`` of bytes (no copy).
+
+    Raises :class:`~tierkv.InputError` for objects without the buffer protocol,
+    non-contiguous memory, or (with ``writable``) read-only memory.
+    """
+    if isinstance(data, np.ndarray):
+        if not data.flags.c_contiguous:
+            raise InputError(f"{what}: numpy array is not C-contiguous")
+        try:
+            mv = data.reshape(-1).view(np.uint8).data
+        except (ValueError, TypeError) as exc:
+            raise InputError(f"{what}: cannot view array of dtype {data.dtype} as bytes") from exc
+    else:
+        try:
+            mv = memoryview(data)  # type: ignore[arg-type]
+        except TypeError as exc:
+            raise InputError(f"{what}: {type(data).__name__} does not expose the buffer protocol") from exc
+        if not mv.c_contiguous:
+            raise InputError(f"{what}: buffer is not C-contiguous")
+        if mv.format != "B" or mv.ndim != 1:
+            mv = mv.cast("B")
+    if writable and mv.readonly:
+        raise InputError(f"{what}: buffer is read-only")
+    return mv
+
+
+class Backend(ABC):
+    """Abstract async tier backend. Subclass it; see the module docstring for the
+    contract every method shares.
+
+    Construction does no I/O: ``__init__(options, *, name)`` only validates the
+    options (raising :class:`~tierkv.ConfigError` naming the field).
+    :meth:`open` is the async constructor that acquires resources (files,
+    memory, connections); use ``backend = await MyBackend.open(options)`` and
+    ``await backend.aclose()`` (or ``async with``).
+
+    Subclasses implement :meth:`_open` and :meth:`_close` (both optional),
+    :attr:`capabilities`, :meth:`allocate`, :meth:`write`, :meth:`read`,
+    :meth:`evict`, :meth:`contains` and :meth:`stats`; they call
+    :meth:`_check_open` at the top of every data method.
+    """
+
+    #: The protocol version implemented (see :data:`API_VERSION`).
+    api_version: ClassVar[int] = API_VERSION
+
+    def __init__(self, options: Mapping[str, Any] | None = None, *, name: str = "") -> None:
+        self.name = name or type(self).__name__.lower()
+        self.options: Mapping[str, Any] = dict(options or {})
+        self._closed = False
+        self._opened = False
+
+    # ----------------------------------------------------------------- lifecycle
+    @classmethod
+    async def open(cls, options: Mapping[str, Any] | None = None, *, name: str = "") -> Self:
+        """Create and open a backend. Raises ConfigError, PluginUnavailableError
+        (hardware or library missing) or BackendIOError."""
+        backend = cls(options, name=name)
+        await backend._open()
+        backend._opened = True
+        return backend
+
+    async def _open(self) -> None:  # noqa: B027 - optional hook
+        """Acquire resources. Called once by :meth:`open`."""
+
+    async def _close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources. Called once by :meth:`aclose`; persistent data stays."""
+
+    async def aclose(self) -> None:
+        """Close the backend; idempotent. Persistent backends keep committed blocks
+        on their medium; pending reservations are dropped."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        """Raise :class:`~tierkv.BackendClosedError` if the backend was closed."""
+        if self._closed:
+            raise BackendClosedError("backend is closed", tier=self.name)
+
+    # -------------------------------------------------------------- declaration
+    @classmethod
+    def probe(cls) -> Availability:
+        """Say, cheaply and without side effects, whether this backend can run here.
+
+        Detect hardware and optional libraries honestly (never guess). The
+        default says usable.
+        """
+        return Availability(True)
+
+    @classmethod
+    def default_options(cls, workdir: Path) -> dict[str, Any]:
+        """Options for a safe, self-contained instance under ``workdir`` (used by
+        ``tierkv certify`` when no config is given). Raise PluginUnavailableError
+        if there is none on this machine."""
+        return {"capacity": 256 * 1024 * 1024}
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> Capabilities:
+        """The backend's declared capabilities (constant over its lifetime)."""
+
+    # -------------------------------------------------------------------- data
+    @abstractmethod
+    async def allocate(self, key: str, nbytes: int, *, tag: bytes = b"") -> Allocation:
+        """Reserve ``nbytes`` for ``key``; the block is not visible until :meth:`write`.
+
+        ``tag`` (at most :data:`MAX_TAG_BYTES` bytes) is stored with the block and
+        returned by ``scan``. Capacity accounting is exact: the reservation counts
+        in ``used_bytes`` until it is written or dropped by :meth:`evict`.
+
+        Raises:
+            InputError: invalid key, negative ``nbytes``, ``nbytes`` above
+                ``max_block_bytes``, or a tag that is too long.
+            BlockExistsError: a committed block or a reservation exists for ``key``.
+            CapacityError: not enough free capacity.
+            BackendClosedError, BackendIOError.
+        """
+
+    @abstractmethod
+    async def write(self, allocation: Allocation, data: Buffer) -> None:
+        """Write ``data`` (exactly ``allocation.nbytes`` bytes) and commit the block.
+
+        On return the block is visible to :meth:`read` (and durable, for
+        persistent backends). If the write fails or is cancelled, nothing is
+        visible under the key and the reservation is released.
+
+        Raises:
+            InputError: ``data`` has the wrong length or is not a contiguous buffer.
+            BlockNotFoundError: the allocation is unknown (already written, or
+                dropped by ``evict``).
+            BackendClosedError, BackendIOError.
+        """
+
+    @abstractmethod
+    async def read(self, key: str, *, into: Buffer | None = None) -> memoryview:
+        """Return the committed bytes of ``key``.
+
+        Without ``into`` the result owns a fresh buffer. With ``into`` (a writable
+        contiguous buffer of at least the block's size) the bytes are copied
+        straight into it and the result is a view of its first ``nbytes`` bytes.
+
+        Raises:
+            BlockNotFoundError: no committed block (never written, evicted, or
+                lost by a shared store).
+            InputError: ``into`` is too small, read-only or not contiguous.
+            IntegrityError: the stored bytes failed verification (the block is
+                quarantined and not served again).
+            BackendClosedError, BackendIOError.
+        """
+
+    @abstractmethod
+    async def evict(self, key: str) -> bool:
+        """Remove the block or pending reservation under ``key`` and free its space.
+
+        Idempotent: returns ``True`` if something was removed, ``False`` if
+        nothing was there. Raises InputError, BackendClosedError, BackendIOError.
+        """
+
+    @abstractmethod
+    async def contains(self, key: str) -> bool:
+        """Whether a committed block exists under ``key`` (reservations do not count)."""
+
+    @abstractmethod
+    def stats(self) -> BackendStats:
+        """A snapshot of the accounting. Never does I/O; works after close."""
+
+    # ------------------------------------------------------------- batch twins
+    async def allocate_many(self, items: Sequence[tuple[str, int, bytes]]) -> list[Allocation]:
+        """Reserve several blocks, all or nothing: on failure the reservations
+        already made are dropped and the error is raised."""
+        done: list[Allocation] = []
+        try:
+            for key, nbytes, tag in items:
+                done.append(await self.allocate(key, nbytes, tag=tag))
+        except BaseException:
+            for a in done:
+                try:
+                    await self.evict(a.key)
+                except BackendError:
+                    pass
+            raise
+        return done
+
+    async def write_many(self, allocations: Sequence[Allocation], datas: Sequence[Buffer]) -> None:
+        """Write several blocks. Each block commits independently; on failure the
+        blocks not yet committed are released."""
+        if len(allocations) != len(datas):
+            raise InputError(f"write_many: {len(allocations)} allocations but {len(datas)} buffers")
+        i = 0
+        try:
+            for i, (a, d) in enumerate(zip(allocations, datas, strict=True)):  # noqa: B007
+                await self.write(a, d)
+        except BaseException:
+            for a in allocations[i + 1 :]:
+                try:
+                    await self.evict(a.key)
+                except BackendError:
+                    pass
+            raise
+
+    async def read_many(self, keys: Sequence[str], *, into: Sequence[Buffer] | None = None) -> list[memoryview]:
+        """Read several blocks; same errors as :meth:`read` (the first failure raises)."""
+        if into is not None and len(into) != len(keys):
+            raise InputError(f"read_many: {len(keys)} keys but {len(into)} buffers")
+        out: list[memoryview] = []
+        for i, k in enumerate(keys):
+            out.append(await self.read(k, into=None if into is None else into[i]))
+        return out
+
+    async def evict_many(self, keys: Sequence[str]) -> list[bool]:
+        """Evict several keys; idempotent like :meth:`evict`."""
+        return [await self.evict(k) for k in keys]
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("open" if self._opened else "new")
+        return f"<{type(self).__name__} {self.name!r} {state}>"
+
+
+@runtime_checkable
+class SupportsScan(Protocol):
+    """A persistent backend lists its committed blocks so a new process can
+    rebuild its index (warm start, crash recovery)."""
+
+    async def scan(self) -> list[BlockInfo]:
+        """Every committed block. Never lists torn or uncommitted blocks."""
+        ...
+
+
+@runtime_checkable
+class SupportsDeviceIO(Protocol):
+    """A device-resident backend moves blocks to and from accelerator tensors
+    without a host bounce."""
+
+    async def write_device(self, allocation: Allocation, tensor: Any) -> None:
+        """Like :meth:`Backend.write` from a device tensor (uint8, contiguous)."""
+        ...
+
+    async def read_device(self, key: str, *, into: Any) -> Any:
+        """Like :meth:`Backend.read` into a device tensor; returns a view of ``into``."""
+        ...

@@ -1,0 +1,91 @@
+"""KV tensor layout: validation against the model spec and conversion to numpy.
+
+Layout accepted by :meth:`tierkv.TierKV.put` (and produced by ``get``):
+
+* MHA / GQA / MQA: ``(kv_layers, 2, tokens, kv_heads, head_dim)`` — index 0 of
+  the second axis is K, 1 is V.
+* MLA: ``(kv_layers, tokens, kv_lora_rank + qk_rope_head_dim)``.
+
+``kv_layers`` counts only layers that hold a KV cache (linear-attention and
+Mamba layers of a hybrid model have none). Tensors are numpy arrays or CPU
+torch tensors, C-contiguous, of the configured ``kv_dtype``; ``bfloat16`` and
+``float8`` numpy data come as ``uint16``/``uint8`` bit patterns (numpy has no
+such dtypes). Pure functions: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._errors import KVLayoutError
+from ._model import ModelSpec
+
+__all__ = ["STORAGE_DTYPES", "as_numpy_kv", "block_slice", "token_axis"]
+
+#: numpy dtype that holds each KV dtype's bits.
+STORAGE_DTYPES: dict[str, np.dtype[Any]] = {
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(np.uint16),
+    "float32": np.dtype(np.float32),
+    "float8_e4m3fn": np.dtype(np.uint8),
+    "float8_e5m2": np.dtype(np.uint8),
+}
+
+
+def token_axis(spec: ModelSpec) -> int:
+    return 1 if spec.attention == "mla" else 2
+
+
+def block_slice(spec: ModelSpec, start: int, stop: int) -> tuple[slice, ...]:
+    """Index selecting tokens ``[start, stop)`` of a KV array."""
+    return (slice(None),) * token_axis(spec) + (slice(start, stop),)
+
+
+def _from_torch(t: Any, kv_dtype: str) -> np.ndarray[Any, Any]:
+    dev = getattr(t, "device", None)
+    if dev is not None and dev.type != "cpu":
+        raise KVLayoutError("device", "cpu (move it with .cpu(), or use a device-resident tier)", str(dev))
+    name = str(t.dtype).removeprefix("torch.")
+    if name != kv_dtype:
+        raise KVLayoutError("dtype", kv_dtype, name)
+    if not t.is_contiguous():
+        raise KVLayoutError("memory layout", "a contiguous tensor (call .contiguous())", "non-contiguous strides")
+    import torch
+
+    if kv_dtype == "bfloat16":
+        t = t.view(torch.uint16) if hasattr(torch, "uint16") else t.view(torch.int16)
+    elif kv_dtype.startswith("float8"):
+        t = t.view(torch.uint8)
+    arr: np.ndarray[Any, Any] = t.detach().numpy()
+    return arr.view(STORAGE_DTYPES[kv_dtype])
+
+
+def as_numpy_kv(kv_data: object, spec: ModelSpec, kv_dtype: str, tokens: int) -> np.ndarray[Any, Any]:
+    """Check ``kv_data`` against the spec for ``tokens`` tokens; return a numpy view (no copy).
+
+    Raises:
+        KVLayoutError: wrong type, shape, dtype, device, or non-contiguous
+            memory; the message states expected vs got.
+    """
+    if isinstance(kv_data, np.ndarray):
+        arr = kv_data
+        want = STORAGE_DTYPES[kv_dtype]
+        if arr.dtype != want:
+            if getattr(arr.dtype, "name", "") == kv_dtype and arr.dtype.itemsize == want.itemsize:
+                arr = arr.view(want)  # e.g. ml_dtypes.bfloat16
+            else:
+                raise KVLayoutError("dtype", f"{want} (for kv_dtype {kv_dtype})", str(arr.dtype))
+        if not arr.flags.c_contiguous:
+            raise KVLayoutError(
+                "memory layout", "a C-contiguous array (use np.ascontiguousarray)", "non-contiguous strides"
+            )
+    elif type(kv_data).__module__.startswith("torch"):
+        arr = _from_torch(kv_data, kv_dtype)
+    else:
+        raise KVLayoutError("type", "a numpy array or a torch tensor", type(kv_data).__name__)
+    expected = spec.kv_shape(tokens)
+    if tuple(arr.shape) != tuple(expected):
+        raise KVLayoutError("shape", f"{tuple(expected)} for {tokens} tokens", tuple(arr.shape))
+    return arr

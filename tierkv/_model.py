@@ -1,0 +1,578 @@
+"""Model-aware KV sizing: how many bytes the KV cache of a model takes.
+
+:class:`ModelSpec` describes the attention geometry of a decoder-only model:
+how many layers hold a KV cache, how the heads are grouped (MHA, GQA, MQA) or
+compressed (MLA), which layers use a sliding window, and which layers hold no
+KV at all (linear attention, Mamba). From it follow the layout of the KV
+tensors tierkv accepts (:meth:`ModelSpec.kv_shape`), the bytes per token and
+per block, the default block size, and the largest batch that fits a memory
+budget.
+
+:meth:`ModelSpec.from_hf_config` reads a Hugging Face ``config.json`` (already
+parsed into a mapping); :meth:`ModelSpec.to_dict` / :meth:`ModelSpec.from_dict`
+round-trip a spec through plain JSON/TOML values (used by config files and by
+the canonical key scope).
+
+Everything here is pure computation: no I/O, no torch. Every problem with a
+configuration raises :class:`~tierkv.ConfigError` naming the field, the value
+and what is allowed; a bad argument to a method raises
+:class:`~tierkv.InputError`.
+
+Conventions
+-----------
+* ``dtype_bytes`` is the size of one KV element (2 for FP16/BF16, 1 for FP8).
+* Bytes per token per layer: ``2 * num_kv_heads * head_dim * dtype_bytes``
+  (K and V) for MHA/GQA/MQA; ``(kv_lora_rank + qk_rope_head_dim) * dtype_bytes``
+  for MLA (one compressed latent plus the decoupled RoPE key, shared by all heads).
+* The MHA-equivalent of a layer is ``2 * num_attention_heads * head_dim *
+  dtype_bytes``: what the same layer would store without grouping or
+  compression. For MLA, ``head_dim`` is the per-head dimension *d_h* of the
+  DeepSeek-V2 paper (``qk_nope_head_dim``, 128 for DeepSeek-V3), which gives
+  DeepSeek-V3's 2 x 128 x 128 x 2 = 65,536 bytes against its 1,152 (57x).
+* A sliding-window layer attends to at most ``sliding_window`` tokens, so an
+  inference engine keeps at most that many tokens of it resident. tierkv itself
+  stores the full layout given by :meth:`ModelSpec.kv_shape` (every KV layer
+  for every token), so block sizes ignore windows; only the figures that take a
+  ``context`` (resident memory of a running sequence) cap sliding layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, cast, get_args
+
+from ._errors import ConfigError, InputError
+from ._options import reject_unknown
+
+__all__ = [
+    "ATTENTION_KINDS",
+    "AttentionKind",
+    "KV_LAYER_TYPES",
+    "LAYER_TYPES",
+    "ModelSpec",
+    "NO_KV_LAYER_TYPES",
+]
+
+AttentionKind = Literal["mha", "gqa", "mqa", "mla"]
+ATTENTION_KINDS: tuple[str, ...] = get_args(AttentionKind)
+
+#: Layer types that hold a KV cache.
+KV_LAYER_TYPES: tuple[str, ...] = ("full_attention", "sliding_attention")
+#: Layer types that hold no KV cache (a fixed-size recurrent state instead).
+NO_KV_LAYER_TYPES: tuple[str, ...] = ("linear_attention", "mamba")
+#: Every layer type :class:`ModelSpec` accepts.
+LAYER_TYPES: tuple[str, ...] = KV_LAYER_TYPES + NO_KV_LAYER_TYPES
+# Legacy spellings found in Hugging Face configs.
+_LAYER_TYPE_ALIASES: dict[str, str] = {"attention": "full_attention"}
+
+
+def _canonical_layer_type(t: str) -> str:
+    return _LAYER_TYPE_ALIASES.get(t) or t
+
+
+_DEFAULT_BLOCK_TOKENS: dict[str, int] = {"mla": 512, "gqa": 128, "mqa": 128, "mha": 64}
+_INT_FIELDS = ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_dtype_bytes(dtype_bytes: object) -> int:
+    if not _is_int(dtype_bytes) or cast(int, dtype_bytes) < 1:
+        raise InputError(f"dtype_bytes must be a positive int (bytes per KV element), got {dtype_bytes!r}")
+    return cast(int, dtype_bytes)
+
+
+def _check_count(what: str, value: object, minimum: int) -> int:
+    if not _is_int(value) or cast(int, value) < minimum:
+        raise InputError(f"{what} must be an int >= {minimum}, got {value!r}")
+    return cast(int, value)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """Attention geometry of a decoder-only model, enough to size its KV cache.
+
+    Fields:
+        name: model name (part of the key scope; never parsed).
+        num_layers: all decoder layers, including those that hold no KV.
+        num_attention_heads: query heads.
+        num_kv_heads: K/V heads; equals ``num_attention_heads`` for MHA, 1 for
+            MQA, a proper divisor for GQA, and 1 for MLA (one shared latent).
+        head_dim: per-head dimension of the attention heads (for MLA, the
+            DeepSeek-V2 *d_h*, ``qk_nope_head_dim``: it only enters the
+            MHA-equivalent; the stored width is :attr:`latent_dim`).
+        attention: ``"mha"``, ``"gqa"``, ``"mqa"`` or ``"mla"``.
+        kv_lora_rank, qk_rope_head_dim: MLA only (0 otherwise).
+        layer_types: one entry per layer, from :data:`LAYER_TYPES`; empty means
+            every layer is ``"full_attention"``. Canonical form: a spec whose
+            layers are all full attention is stored with ``()``.
+        sliding_window: window of the ``"sliding_attention"`` layers in tokens;
+            required when there is one, ``None`` (canonical) otherwise.
+        hidden_size: model width (informational, 0 when unknown).
+
+    Raises:
+        ConfigError: from ``__init__`` when a field is invalid or the fields
+            contradict each other (e.g. ``attention="gqa"`` with as many KV heads
+            as query heads); the error names the field.
+
+    Instances are immutable, hashable and safe to share between tasks.
+    """
+
+    name: str
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    attention: AttentionKind
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    hidden_size: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError("name", self.name, "a non-empty string")
+        for f in _INT_FIELDS:
+            v = getattr(self, f)
+            if not _is_int(v) or v < 1:
+                raise ConfigError(f, v, "a positive integer")
+        for f in ("kv_lora_rank", "qk_rope_head_dim", "hidden_size"):
+            v = getattr(self, f)
+            if not _is_int(v) or v < 0:
+                raise ConfigError(f, v, "a non-negative integer")
+        if self.attention not in ATTENTION_KINDS:
+            raise ConfigError("attention", self.attention, "one of " + ", ".join(map(repr, ATTENTION_KINDS)))
+        self._check_heads()
+        self._check_layers()
+
+    def _check_heads(self) -> None:
+        h, kv = self.num_attention_heads, self.num_kv_heads
+        if self.attention == "mla":
+            if kv != 1:
+                raise ConfigError("num_kv_heads", kv, "1 for MLA (one latent shared by all heads)")
+            if self.kv_lora_rank < 1:
+                raise ConfigError("kv_lora_rank", self.kv_lora_rank, "a positive integer for MLA")
+            return
+        if self.kv_lora_rank or self.qk_rope_head_dim:
+            field = "kv_lora_rank" if self.kv_lora_rank else "qk_rope_head_dim"
+            raise ConfigError(field, getattr(self, field), "0 unless attention is 'mla'")
+        if kv > h or h % kv:
+            raise ConfigError("num_kv_heads", kv, f"a divisor of num_attention_heads ({h})")
+        expected: AttentionKind = "mha" if kv == h else "mqa" if kv == 1 else "gqa"
+        if self.attention != expected:
+            raise ConfigError("attention", self.attention, f"{expected!r} for {h} attention heads and {kv} KV heads")
+
+    def _check_layers(self) -> None:
+        lt = self.layer_types
+        if isinstance(lt, str) or not isinstance(lt, Sequence):
+            raise ConfigError("layer_types", lt, "a sequence of layer type names")
+        norm = tuple(_canonical_layer_type(t) if isinstance(t, str) else t for t in lt)
+        if norm:
+            if len(norm) != self.num_layers:
+                raise ConfigError("layer_types", list(lt), f"exactly num_layers ({self.num_layers}) entries")
+            for i, t in enumerate(norm):
+                if t not in LAYER_TYPES:
+                    raise ConfigError(f"layer_types[{i}]", t, "one of " + ", ".join(map(repr, LAYER_TYPES)))
+            if not any(t in KV_LAYER_TYPES for t in norm):
+                raise ConfigError("layer_types", list(lt), "at least one attention layer (a layer holding KV)")
+            if all(t == "full_attention" for t in norm):
+                norm = ()
+        object.__setattr__(self, "layer_types", norm)
+        sw = self.sliding_window
+        if "sliding_attention" in norm:
+            if not _is_int(sw) or cast(int, sw) < 1:
+                raise ConfigError("sliding_window", sw, "a positive integer (there are sliding_attention layers)")
+        elif sw is not None:
+            if not _is_int(sw) or sw < 1:
+                raise ConfigError("sliding_window", sw, "a positive integer or None")
+            # No sliding layer: the window does not apply; keep the canonical form.
+            object.__setattr__(self, "sliding_window", None)
+
+    # ------------------------------------------------------------------ geometry
+
+    def layer_type(self, index: int) -> str:
+        """Type of layer ``index`` (``"full_attention"`` when ``layer_types`` is empty).
+
+        Raises:
+            InputError: ``index`` is not in ``[0, num_layers)``.
+        """
+        if not _is_int(index) or not 0 <= index < self.num_layers:
+            raise InputError(f"layer index must be an int in [0, {self.num_layers}), got {index!r}")
+        return self.layer_types[index] if self.layer_types else "full_attention"
+
+    @property
+    def kv_layers(self) -> int:
+        """Number of layers that hold a KV cache (full and sliding attention).
+
+        Linear-attention and Mamba layers keep a fixed-size state instead and
+        are not counted.
+        """
+        if not self.layer_types:
+            return self.num_layers
+        return sum(1 for t in self.layer_types if t in KV_LAYER_TYPES)
+
+    @property
+    def sliding_layers(self) -> int:
+        """Number of ``"sliding_attention"`` layers."""
+        return sum(1 for t in self.layer_types if t == "sliding_attention")
+
+    @property
+    def latent_dim(self) -> int:
+        """MLA: width of the cached latent, ``kv_lora_rank + qk_rope_head_dim``; 0 otherwise."""
+        return self.kv_lora_rank + self.qk_rope_head_dim if self.attention == "mla" else 0
+
+    def kv_shape(self, tokens: int) -> tuple[int, ...]:
+        """Shape of the KV tensor tierkv accepts for ``tokens`` tokens.
+
+        MHA/GQA/MQA: ``(kv_layers, 2, tokens, num_kv_heads, head_dim)`` with
+        K at index 0 and V at index 1 of the second axis. MLA:
+        ``(kv_layers, tokens, latent_dim)``. Only KV layers appear, in model
+        order; sliding-window layers carry every token like full layers.
+
+        Raises:
+            InputError: ``tokens`` is not an int >= 0.
+        """
+        n = _check_count("tokens", tokens, 0)
+        if self.attention == "mla":
+            return (self.kv_layers, n, self.latent_dim)
+        return (self.kv_layers, 2, n, self.num_kv_heads, self.head_dim)
+
+    # ------------------------------------------------------------------ sizes
+
+    def bytes_per_token_per_layer(self, dtype_bytes: int = 2) -> int:
+        """KV bytes one token takes in one KV layer.
+
+        ``2 * num_kv_heads * head_dim * dtype_bytes``, or for MLA
+        ``latent_dim * dtype_bytes``.
+
+        Raises:
+            InputError: ``dtype_bytes`` is not a positive int.
+        """
+        d = _check_dtype_bytes(dtype_bytes)
+        if self.attention == "mla":
+            return self.latent_dim * d
+        return 2 * self.num_kv_heads * self.head_dim * d
+
+    def mha_equivalent_bytes_per_token_per_layer(self, dtype_bytes: int = 2) -> int:
+        """What one token would take in one layer with plain MHA: ``2 * num_attention_heads * head_dim * dtype_bytes``.
+
+        The ratio to :meth:`bytes_per_token_per_layer` is the saving of GQA/MQA
+        (``num_attention_heads / num_kv_heads``) or MLA.
+
+        Raises:
+            InputError: ``dtype_bytes`` is not a positive int.
+        """
+        return 2 * self.num_attention_heads * self.head_dim * _check_dtype_bytes(dtype_bytes)
+
+    def bytes_per_sequence(self, tokens: int, dtype_bytes: int = 2) -> int:
+        """Resident KV bytes of one sequence of ``tokens`` tokens, over all layers.
+
+        Full-attention layers hold every token; sliding-window layers hold at
+        most ``sliding_window`` tokens; linear-attention/Mamba layers hold no KV.
+        That is ``sum over KV layers l of min(tokens, window_l) *
+        bytes_per_token_per_layer``.
+
+        Raises:
+            InputError: ``tokens`` is not an int >= 0 or ``dtype_bytes`` is invalid.
+        """
+        n = _check_count("tokens", tokens, 0)
+        per = self.bytes_per_token_per_layer(dtype_bytes)
+        sliding = self.sliding_layers
+        full = self.kv_layers - sliding
+        capped = min(n, self.sliding_window) if sliding and self.sliding_window is not None else n
+        return (full * n + sliding * capped) * per
+
+    def bytes_per_token(self, dtype_bytes: int = 2, *, context: int | None = None) -> int:
+        """KV bytes of one token over the whole model.
+
+        Without ``context``: ``kv_layers * bytes_per_token_per_layer`` — what
+        tierkv stores per token (the :meth:`kv_shape` layout). With
+        ``context``: the average resident bytes per token of a sequence of
+        ``context`` tokens, where sliding-window layers cap at their window,
+        i.e. ``ceil(bytes_per_sequence(context) / context)``; equal to the
+        plain figure when there is no sliding layer or ``context <=
+        sliding_window``.
+
+        Raises:
+            InputError: ``context`` is not an int >= 1, or ``dtype_bytes`` is invalid.
+        """
+        if context is None:
+            return self.kv_layers * self.bytes_per_token_per_layer(dtype_bytes)
+        n = _check_count("context", context, 1)
+        return -(-self.bytes_per_sequence(n, dtype_bytes) // n)
+
+    def bytes_per_block(self, block_tokens: int, dtype_bytes: int = 2) -> int:
+        """Bytes of one stored block of ``block_tokens`` tokens: ``block_tokens * bytes_per_token(dtype_bytes)``.
+
+        This is the payload size of the :meth:`kv_shape` layout for
+        ``block_tokens`` tokens (windows do not shrink stored blocks).
+
+        Raises:
+            InputError: ``block_tokens`` is not an int >= 1, or ``dtype_bytes`` is invalid.
+        """
+        n = _check_count("block_tokens", block_tokens, 1)
+        return n * self.bytes_per_token(dtype_bytes)
+
+    def default_block_tokens(self) -> int:
+        """Default block size in tokens by architecture: MLA 512, GQA/MQA 128, MHA 64.
+
+        Smaller KV per token gets longer blocks so that a block stays large
+        enough for efficient transfers. The core's ``block_tokens`` option
+        overrides it.
+        """
+        return _DEFAULT_BLOCK_TOKENS[self.attention]
+
+    def max_batch(self, memory_bytes: int, n_max: int, dtype_bytes: int = 2) -> int:
+        """Largest number of concurrent sequences of ``n_max`` tokens whose KV fits ``memory_bytes``.
+
+        ``B* = floor(M / (L x B(n_max)))`` where ``M = memory_bytes``, ``L`` is
+        the number of KV layers and ``B(n_max)`` the bytes one layer holds for
+        one sequence of ``n_max`` tokens (``n_max * bytes_per_token_per_layer``;
+        capped at the window for sliding layers). In general the denominator is
+        :meth:`bytes_per_sequence` ``(n_max)``: the resident KV of one sequence
+        of ``n_max`` tokens over all layers. Returns 0 when not even one
+        sequence fits. Weights, activations and allocator overhead are not
+        counted: pass the memory left for the KV cache.
+
+        Raises:
+            InputError: ``memory_bytes`` is not an int >= 0, ``n_max`` not an
+                int >= 1, or ``dtype_bytes`` is invalid.
+        """
+        m = _check_count("memory_bytes", memory_bytes, 0)
+        n = _check_count("n_max", n_max, 1)
+        return m // self.bytes_per_sequence(n, dtype_bytes)
+
+    # ------------------------------------------------------------------ (de)serialisation
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields as plain JSON/TOML values (``layer_types`` as a list; ``sliding_window`` may be None).
+
+        ``ModelSpec.from_dict(spec.to_dict()) == spec`` always holds, and two
+        equal specs give equal dicts (the canonical form used in key scopes).
+        """
+        d: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["layer_types"] = list(self.layer_types)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, prefix: str = "") -> ModelSpec:
+        """Build a spec from a mapping with the field names of :class:`ModelSpec`.
+
+        ``name``, ``num_layers``, ``num_attention_heads``, ``head_dim`` and
+        ``attention`` are required; ``num_kv_heads`` defaults to
+        ``num_attention_heads`` (MHA) or 1 (MLA); the rest have the dataclass
+        defaults. ``prefix`` (e.g. ``"model"``) is put before field names in errors.
+
+        Raises:
+            ConfigError: unknown, missing or invalid field (named, with ``prefix``).
+        """
+
+        def name(key: str) -> str:
+            return f"{prefix}.{key}" if prefix else key
+
+        if not isinstance(d, Mapping):
+            raise ConfigError(prefix or "model", d, "a table/mapping of ModelSpec fields")
+        known = {f.name for f in dataclasses.fields(cls)}
+        reject_unknown(d, known, prefix=prefix)
+        for key in ("name", "num_layers", "num_attention_heads", "head_dim", "attention"):
+            if key not in d:
+                raise ConfigError(name(key), None, "a value (required)")
+        kwargs = dict(d)
+        if "num_kv_heads" not in kwargs:
+            kwargs["num_kv_heads"] = 1 if kwargs["attention"] == "mla" else kwargs["num_attention_heads"]
+        lt = kwargs.get("layer_types", ())
+        if isinstance(lt, str) or not isinstance(lt, Sequence) or not all(isinstance(t, str) for t in lt):
+            raise ConfigError(name("layer_types"), lt, "a list of layer type names")
+        kwargs["layer_types"] = tuple(lt)
+        try:
+            return cls(**kwargs)
+        except ConfigError as exc:
+            raise ConfigError(name(exc.field), exc.value, exc.allowed) from exc
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any], *, name: str | None = None) -> ModelSpec:
+        """Build a spec from a parsed Hugging Face ``config.json``.
+
+        Fields read (with the usual aliases): ``num_hidden_layers``,
+        ``num_attention_heads``, ``num_key_value_heads`` (absent or null: MHA),
+        ``head_dim`` (absent or null: ``hidden_size // num_attention_heads``),
+        ``hidden_size``. A nested ``text_config`` (multimodal models such as
+        Qwen3.5) is used when present.
+
+        Detection:
+
+        * MLA when ``kv_lora_rank`` and ``qk_rope_head_dim`` are set (DeepSeek
+          V2/V3, Kimi K2); ``head_dim`` is then ``qk_nope_head_dim`` (else
+          ``v_head_dim``), the per-head *d_h* of the MHA-equivalent.
+        * Otherwise MHA (KV heads == heads), MQA (1 KV head) or GQA.
+        * Per-layer types, first that applies: an explicit ``layer_types``
+          list (gpt-oss, Qwen3-Next/3.5, Gemma 3; legacy ``"attention"`` is read
+          as ``"full_attention"``); ``full_attention_interval`` k (every k-th
+          layer full attention, the others linear attention — Qwen3-Next);
+          ``attn_layer_period``/``attn_layer_offset`` (Jamba: layer i is
+          attention when ``i % period == offset``, else Mamba);
+          ``sliding_window_pattern`` p with a ``sliding_window`` (Gemma 3:
+          every p-th layer full, the others sliding); a ``sliding_window`` with
+          ``use_sliding_window`` not false (Mistral: all layers sliding; Qwen2
+          with ``max_window_layers`` m: layers >= m sliding). Else all full.
+
+        ``name``: the spec's name; defaults to ``_name_or_path`` then
+        ``model_type`` of the config.
+
+        Raises:
+            ConfigError: a required field is missing or a field is invalid; the
+                error names the Hugging Face field (``text_config.`` prefixed
+                when read from there).
+        """
+        if not isinstance(config, Mapping):
+            raise ConfigError("config", config, "a mapping (a parsed config.json)")
+        cfg: Mapping[str, Any] = config
+        pre = ""
+        tc = config.get("text_config")
+        if tc is not None:
+            if not isinstance(tc, Mapping):
+                raise ConfigError("text_config", tc, "a mapping of the language model's config")
+            cfg, pre = tc, "text_config."
+        reader = _HFReader(cfg, pre)
+
+        if name is None:
+            for src in (config, cfg):
+                for key in ("_name_or_path", "model_type"):
+                    v = src.get(key)
+                    if isinstance(v, str) and v:
+                        name = v
+                        break
+                if name is not None:
+                    break
+        if not isinstance(name, str) or not name:
+            raise ConfigError("name", name, "pass name=, or a config with '_name_or_path' or 'model_type'")
+
+        num_layers = reader.req_int(("num_hidden_layers", "n_layer", "num_layers"))
+        heads = reader.req_int(("num_attention_heads", "n_head"))
+        hidden = reader.opt_int(("hidden_size", "n_embd", "d_model"), minimum=1) or 0
+
+        mla_rank = reader.opt_int(("kv_lora_rank",), minimum=1)
+        rope = reader.opt_int(("qk_rope_head_dim",), minimum=0)
+        attention: AttentionKind
+        if mla_rank is not None or rope is not None:
+            if mla_rank is None:
+                raise ConfigError(pre + "kv_lora_rank", cfg.get("kv_lora_rank"), "a positive integer (MLA)")
+            if rope is None:
+                raise ConfigError(pre + "qk_rope_head_dim", cfg.get("qk_rope_head_dim"), "an integer >= 0 (MLA)")
+            attention, kv_heads = "mla", 1
+            head_dim = reader.opt_int(("qk_nope_head_dim", "v_head_dim"), minimum=1)
+            if head_dim is None:
+                head_dim = reader.head_dim(heads, hidden)
+        else:
+            mla_rank, rope = 0, 0
+            kv = reader.opt_int(("num_key_value_heads", "num_kv_heads"), minimum=1)
+            kv_heads = heads if kv is None else kv
+            if kv_heads > heads or heads % kv_heads:
+                raise ConfigError(pre + reader.last_key, kv_heads, f"a divisor of num_attention_heads ({heads})")
+            attention = "mha" if kv_heads == heads else "mqa" if kv_heads == 1 else "gqa"
+            head_dim = reader.head_dim(heads, hidden)
+
+        layer_types, window = reader.layer_types(num_layers)
+        try:
+            return cls(
+                name=name,
+                num_layers=num_layers,
+                num_attention_heads=heads,
+                num_kv_heads=kv_heads,
+                head_dim=head_dim,
+                attention=attention,
+                kv_lora_rank=mla_rank,
+                qk_rope_head_dim=rope,
+                layer_types=layer_types,
+                sliding_window=window,
+                hidden_size=hidden,
+            )
+        except ConfigError as exc:
+            hf = _HF_FIELD.get(exc.field, exc.field)
+            raise ConfigError(pre + hf, exc.value, exc.allowed) from exc
+
+
+_HF_FIELD = {"num_layers": "num_hidden_layers", "num_kv_heads": "num_key_value_heads"}
+
+
+class _HFReader:
+    """Reads typed fields of one Hugging Face config mapping; errors name ``prefix + key``."""
+
+    def __init__(self, cfg: Mapping[str, Any], prefix: str) -> None:
+        self.cfg = cfg
+        self.prefix = prefix
+        self.last_key = ""
+
+    def _find(self, keys: tuple[str, ...]) -> tuple[str, Any]:
+        for k in keys:
+            if k in self.cfg and self.cfg[k] is not None:
+                return k, self.cfg[k]
+        return keys[0], None
+
+    def opt_int(self, keys: tuple[str, ...], *, minimum: int) -> int | None:
+        key, v = self._find(keys)
+        self.last_key = key
+        if v is None:
+            return None
+        if not _is_int(v) or v < minimum:
+            raise ConfigError(self.prefix + key, v, f"an integer >= {minimum}")
+        return cast(int, v)
+
+    def req_int(self, keys: tuple[str, ...]) -> int:
+        v = self.opt_int(keys, minimum=1)
+        if v is None:
+            raise ConfigError(self.prefix + keys[0], self.cfg.get(keys[0]), "a positive integer (required)")
+        return v
+
+    def head_dim(self, heads: int, hidden: int) -> int:
+        hd = self.opt_int(("head_dim",), minimum=1)
+        if hd is not None:
+            return hd
+        if hidden <= 0:
+            raise ConfigError(self.prefix + "head_dim", None, "a positive integer, or a hidden_size to derive it from")
+        if hidden % heads:
+            raise ConfigError(
+                self.prefix + "head_dim",
+                None,
+                f"a positive integer (hidden_size {hidden} is not divisible by num_attention_heads {heads})",
+            )
+        return hidden // heads
+
+    def layer_types(self, n: int) -> tuple[tuple[str, ...], int | None]:
+        cfg, p = self.cfg, self.prefix
+        window = self.opt_int(("sliding_window",), minimum=1)
+        raw = cfg.get("layer_types")
+        if raw is not None:
+            if isinstance(raw, str) or not isinstance(raw, Sequence) or not all(isinstance(t, str) for t in raw):
+                raise ConfigError(p + "layer_types", raw, "a list of layer type names")
+            types = tuple(_canonical_layer_type(t) for t in raw)
+            return types, window if "sliding_attention" in types else None
+        interval = self.opt_int(("full_attention_interval",), minimum=1)
+        if interval is not None:
+            return tuple("full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)), None
+        period = self.opt_int(("attn_layer_period",), minimum=1)
+        if period is not None:
+            offset = self.opt_int(("attn_layer_offset",), minimum=0)
+            if offset is None or offset >= period:
+                raise ConfigError(p + "attn_layer_offset", cfg.get("attn_layer_offset"), f"an integer in [0, {period})")
+            return tuple("full_attention" if i % period == offset else "mamba" for i in range(n)), None
+        if window is None:
+            return (), None
+        pattern = self.opt_int(("sliding_window_pattern",), minimum=1)
+        if pattern is not None:
+            return tuple("full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)), window
+        use = cfg.get("use_sliding_window")
+        if use is not None and not isinstance(use, bool):
+            raise ConfigError(p + "use_sliding_window", use, "true or false")
+        if use is False:
+            return (), None
+        first = 0
+        if use is True:
+            mwl = self.opt_int(("max_window_layers",), minimum=0)
+            first = 0 if mwl is None else mwl
+        return tuple("sliding_attention" if i >= first else "full_attention" for i in range(n)), window
