@@ -1,0 +1,274 @@
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+from tierkv import _errors as E
+from tierkv._backend import Backend, TierKind
+from tierkv_backends import dram as dram_mod
+from tierkv_backends.dram import DramBackend
+
+pytestmark = pytest.mark.anyio
+
+MiB = 1 << 20
+
+
+def _rand(n: int, seed: int = 0) -> np.ndarray[Any, Any]:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
+
+
+async def _open(**opts: Any) -> DramBackend:
+    opts.setdefault("capacity", 8 * MiB)
+    return await DramBackend.open(opts)
+
+
+@pytest.mark.parametrize("n", [0, 1, 4095, 4096, 70_000, 3 * MiB + 5])
+async def test_round_trip_bit_exact(n: int) -> None:
+    async with await _open() as b:
+        data = _rand(n, n)
+        a = await b.allocate("k1", n, tag=b"t")
+        await b.write(a, data)
+        assert await b.contains("k1")
+        got = await b.read("k1")
+        assert bytes(got) == data.tobytes()
+        into = bytearray(n + 10)
+        view = await b.read("k1", into=into)
+        assert len(view) == n and bytes(view) == data.tobytes()
+        assert bytes(into[:n]) == data.tobytes()
+        s = b.stats()
+        assert s.kind is TierKind.DRAM and s.io_path == "memcpy" and not s.emulated
+        assert s.blocks == 1 and s.used_bytes == (n + 4095) // 4096 * 4096
+
+
+async def test_read_without_into_is_a_copy() -> None:
+    async with await _open() as b:
+        a = await b.allocate("k", 100_000)
+        await b.write(a, _rand(100_000))
+        first = await b.read("k")
+        first[:] = b"\0" * 100_000  # mutating the copy must not touch the stored block
+        assert bytes(await b.read("k")) == _rand(100_000).tobytes()
+
+
+async def test_accounting_returns_exactly_after_evict() -> None:
+    async with await _open() as b:
+        base = b.stats().used_bytes
+        a = await b.allocate("x", 12_345)
+        assert b.stats().used_bytes == base + 16384 and b.stats().reserved_bytes == 16384
+        assert b.stats().details["logical_bytes"] == 12_345
+        await b.write(a, bytes(12_345))
+        assert b.stats().reserved_bytes == 0
+        assert await b.evict("x") is True
+        assert await b.evict("x") is False
+        assert b.stats().used_bytes == base and b.stats().details["logical_bytes"] == 0
+        # reservation dropped by evict
+        a2 = await b.allocate("y", 5000)
+        assert await b.evict("y") is True
+        assert b.stats().used_bytes == base
+        with pytest.raises(E.BlockNotFoundError):
+            await b.write(a2, bytes(5000))
+
+
+async def test_errors() -> None:
+    async with await _open(capacity=MiB, max_block_bytes=2 * MiB) as b:
+        with pytest.raises(E.InputError):
+            await b.allocate("bad/key", 10)
+        with pytest.raises(E.InputError):
+            await b.allocate("k", -1)
+        with pytest.raises(E.InputError):
+            await b.allocate("k", 3 * MiB)  # above max_block_bytes
+        with pytest.raises(E.InputError):
+            await b.allocate("k", 1, tag=b"x" * 257)
+        with pytest.raises(E.CapacityError):
+            await b.allocate("k", MiB + 1)
+        a = await b.allocate("k", MiB)
+        with pytest.raises(E.BlockExistsError):
+            await b.allocate("k", 1)
+        with pytest.raises(E.CapacityError):
+            await b.allocate("k2", 1)
+        with pytest.raises(E.InputError):
+            await b.write(a, bytes(10))  # wrong length: fails and releases
+        assert b.stats().used_bytes == 0 and not await b.contains("k")
+        with pytest.raises(E.BlockNotFoundError):
+            await b.read("nope")
+        a = await b.allocate("k", 10)
+        await b.write(a, bytes(10))
+        with pytest.raises(E.BlockNotFoundError):
+            await b.write(a, bytes(10))  # already written
+        with pytest.raises(E.BlockExistsError):
+            await b.allocate("k", 1)
+        with pytest.raises(E.InputError):
+            await b.read("k", into=bytearray(5))
+        with pytest.raises(E.InputError):
+            await b.read("k", into=bytes(10))  # read-only
+
+
+async def test_config_errors() -> None:
+    for opts in ({"capacity": "lots"}, {"pin": "maybe"}, {"granule": 3000}, {"bogus": 1}, {"max_concurrency": 0}):
+        with pytest.raises(E.ConfigError):
+            DramBackend(opts)
+
+
+async def test_pin_true_without_cuda_is_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dram_mod, "_cuda_present", lambda: False)
+    with pytest.raises(E.PluginUnavailableError):
+        await DramBackend.open({"capacity": MiB, "pin": True})
+    b = await DramBackend.open({"capacity": MiB, "pin": "auto"})
+    assert b.stats().details["pinned"] is False
+    await b.aclose()
+
+
+async def test_use_after_close() -> None:
+    b = await _open()
+    a = await b.allocate("k", 10)
+    await b.aclose()
+    await b.aclose()  # idempotent
+    for coro in (b.allocate("j", 1), b.write(a, bytes(10)), b.read("k"), b.evict("k"), b.contains("k")):
+        with pytest.raises(E.BackendClosedError):
+            await coro
+    with pytest.raises(E.BackendClosedError):
+        await b.read_many(["k"])
+    assert b.stats().blocks == 0
+
+
+async def test_cancel_mid_write_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    b = await _open(capacity=32 * MiB)
+    started = threading.Event()
+    release = threading.Event()
+    real = dram_mod.Arena.write_at
+
+    def slow_write(self: Any, extent: Any, src: Any) -> None:
+        started.set()
+        release.wait(5)
+        real(self, extent, src)
+
+    monkeypatch.setattr(dram_mod.Arena, "write_at", slow_write)
+    base = b.stats().used_bytes
+    a = await b.allocate("k", 4 * MiB)
+    with anyio.move_on_after(5) as outer:
+        async with anyio.create_task_group() as tg:
+
+            async def writer() -> None:
+                await b.write(a, _rand(4 * MiB))
+
+            tg.start_soon(writer)
+            while not started.is_set():  # noqa: ASYNC110 - set by a worker thread
+                await anyio.sleep(0.001)
+            tg.cancel_scope.cancel()
+            release.set()
+    assert not outer.cancelled_caught
+    assert not await b.contains("k")
+    assert b.stats().used_bytes == base and b.stats().reserved_bytes == 0
+    with pytest.raises(E.BlockNotFoundError):
+        await b.read("k")
+    monkeypatch.setattr(dram_mod.Arena, "write_at", real)
+    a = await b.allocate("k", 10)  # key is free again
+    await b.write(a, b"0123456789")
+    assert bytes(await b.read("k")) == b"0123456789"
+    await b.aclose()
+
+
+async def test_evict_during_read_defers_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    b = await _open(capacity=16 * MiB)
+    data = _rand(2 * MiB, 3)
+    a = await b.allocate("k", 2 * MiB)
+    await b.write(a, data)
+    started = threading.Event()
+    release = threading.Event()
+    real = dram_mod.Arena.read_at
+
+    def slow_read(self: Any, extent: Any, dst: Any) -> None:
+        started.set()
+        release.wait(5)
+        real(self, extent, dst)
+
+    monkeypatch.setattr(dram_mod.Arena, "read_at", slow_read)
+    result: list[bytes] = []
+    async with anyio.create_task_group() as tg:
+
+        async def reader() -> None:
+            result.append(bytes(await b.read("k")))
+
+        tg.start_soon(reader)
+        while not started.is_set():  # noqa: ASYNC110 - set by a worker thread
+            await anyio.sleep(0.001)
+        assert await b.evict("k") is True
+        assert not await b.contains("k")
+        held = b.stats().used_bytes
+        assert held == 2 * MiB  # still pinned by the read
+        release.set()
+    assert result[0] == data.tobytes()
+    assert b.stats().used_bytes == 0
+    await b.aclose()
+
+
+async def test_batch_twins() -> None:
+    async with await _open(capacity=16 * MiB) as b:
+        n = 16
+        items = [(f"k{i}", 16384, b"") for i in range(n)]
+        allocs = await b.allocate_many(items)
+        datas = [_rand(16384, i) for i in range(n)]
+        await b.write_many(allocs, datas)
+        outs = [np.empty(16384, dtype=np.uint8) for _ in range(n)]
+        views = await b.read_many([k for k, _, _ in items], into=outs)
+        for i in range(n):
+            assert np.array_equal(outs[i], datas[i]) and bytes(views[i]) == datas[i].tobytes()
+        fresh = await b.read_many(["k0", "k5"])
+        assert bytes(fresh[1]) == datas[5].tobytes()
+        # all-or-nothing allocate_many
+        used = b.stats().used_bytes
+        with pytest.raises(E.CapacityError):
+            await b.allocate_many([("a", MiB, b""), ("b", 64 * MiB, b"")])
+        with pytest.raises(E.BlockExistsError):
+            await b.allocate_many([("a", 1, b""), ("a", 1, b"")])
+        assert b.stats().used_bytes == used and not await b.evict("a")
+        # failing write_many releases every reservation of the batch
+        allocs2 = await b.allocate_many([("w1", 100_000, b""), ("w2", 100_000, b"")])
+        with pytest.raises(E.InputError):
+            await b.write_many(allocs2, [bytes(100_000), bytes(5)])
+        assert b.stats().used_bytes == used and not await b.contains("w1")
+        assert await b.evict_many(["k0", "k0", "zz"]) == [True, False, False]
+        with pytest.raises(E.BlockNotFoundError):
+            await b.read_many(["k1", "k0"])
+
+
+async def test_large_batch_through_thread_and_cancelled_write_many(monkeypatch: pytest.MonkeyPatch) -> None:
+    b = await _open(capacity=32 * MiB)
+    allocs = await b.allocate_many([(f"b{i}", MiB, b"") for i in range(4)])
+    with anyio.move_on_after(0):  # cancelled at the first checkpoint: the thread hop
+        await b.write_many(allocs, [_rand(MiB, i) for i in range(4)])
+    assert b.stats().used_bytes == 0 and b.stats().blocks == 0
+    await b.aclose()
+
+
+async def test_concurrent_tasks_same_and_distinct_keys() -> None:
+    async with await _open(capacity=32 * MiB) as b:
+        errors: list[Exception] = []
+
+        async def worker(i: int) -> None:
+            key = f"c{i % 4}"
+            data = bytes([i % 4]) * 200_000
+            try:
+                a = await b.allocate(key, len(data))
+                await b.write(a, data)
+            except E.BlockExistsError as exc:
+                errors.append(exc)
+                while not await b.contains(key):  # noqa: ASYNC110 - the other task is writing
+                    await anyio.sleep(0.001)
+            got = await b.read(key)
+            assert bytes(got) == data
+
+        async with anyio.create_task_group() as tg:
+            for i in range(16):
+                tg.start_soon(worker, i)
+        assert b.stats().blocks == 4 and len(errors) == 12
+
+
+def test_is_a_backend_and_probe() -> None:
+    assert issubclass(DramBackend, Backend)
+    assert DramBackend.probe().usable
+    assert "capacity" in DramBackend.default_options(__import__("pathlib").Path(os.getcwd()))
