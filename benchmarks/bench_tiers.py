@@ -1,0 +1,259 @@
+"""Throughput of the DRAM and PFS tiers against the raw operation they wrap.
+
+    python benchmarks/bench_tiers.py [--quick] [--json OUT] [--pfs-dir DIR]
+
+DRAM: batched ``allocate_many + write_many`` (put) and ``read_many(into=...)``
+(get) against ``np.copyto`` of the same blocks into a preallocated destination.
+PFS: batched put (content file + record, fsync) against ``os.pwrite`` + ``fsync``
+of one new file per block, and batched get (read + sha256 check) against
+``os.pread`` of the same files, hot (page cache) and cold (pages dropped with
+``posix_fadvise(DONTNEED)`` before each repetition, for both sides).
+Every figure is the median of at least 5 repetitions; ratio = raw time / tier time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tierkv_backends.dram import DramBackend
+from tierkv_backends.pfs import PfsBackend
+
+KiB, MiB = 1 << 10, 1 << 20
+SIZES = (16 * KiB, 256 * KiB, 2 * MiB)
+
+
+def _median_time(fn: Callable[[], None], reps: int) -> float:
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+async def _amedian(fn: Callable[[], Any], reps: int, setup: Callable[[], Any] | None = None) -> float:
+    ts = []
+    for _ in range(reps):
+        if setup is not None:
+            await setup()
+        t0 = time.perf_counter()
+        await fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+async def bench_dram(total: int, reps: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    b = await DramBackend.open({"capacity": 2 * total + 64 * MiB})
+    rng = np.random.default_rng(0)
+    for size in SIZES:
+        n = max(1, total // size)
+        srcs = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(n)]
+        dsts = [np.empty(size, dtype=np.uint8) for _ in range(n)]
+        for d in dsts:
+            d.fill(1)
+        keys = [f"b{size}-{i}" for i in range(n)]
+        items = [(k, size, b"") for k in keys]
+
+        def raw_copy(srcs: list[Any] = srcs, dsts: list[Any] = dsts) -> None:
+            for s, d in zip(srcs, dsts, strict=True):
+                np.copyto(d, s)
+
+        raw_copy()
+        t_raws: list[float] = []
+        t_puts: list[float] = []
+        t_gets: list[float] = []
+        for _ in range(reps):  # interleaved so that drift of the VM hits both sides alike
+            t0 = time.perf_counter()
+            raw_copy()
+            t1 = time.perf_counter()
+            allocs = await b.allocate_many(items)
+            await b.write_many(allocs, srcs)
+            t2 = time.perf_counter()
+            await b.read_many(keys, into=dsts)
+            t3 = time.perf_counter()
+            await b.evict_many(keys)
+            t_raws.append(t1 - t0)
+            t_puts.append(t2 - t1)
+            t_gets.append(t3 - t2)
+        raw, t_put, t_get = (statistics.median(x) for x in (t_raws, t_puts, t_gets))
+        assert all(np.array_equal(s, d) for s, d in zip(srcs, dsts, strict=True))
+        rows.append(
+            {
+                "tier": "dram",
+                "block_bytes": size,
+                "blocks_per_call": n,
+                "raw": "np.copyto",
+                "raw_GBps": n * size / raw / 1e9,
+                "put_GBps": n * size / t_put / 1e9,
+                "get_GBps": n * size / t_get / 1e9,
+                "put_ratio": raw / t_put,
+                "get_ratio": raw / t_get,
+                "put_us_per_block": t_put / n * 1e6,
+                "get_us_per_block": t_get / n * 1e6,
+                "raw_us_per_block": raw / n * 1e6,
+            }
+        )
+    await b.aclose()
+    return rows
+
+
+def _drop_cache(paths: list[Path]) -> None:
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+async def bench_pfs(root: Path, total: int, reps: int) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    b = await PfsBackend.open({"path": str(root / "store"), "capacity": 4 * total + 64 * MiB})
+    rawdir = root / "raw"
+    rawdir.mkdir(exist_ok=True)
+    rng = np.random.default_rng(1)
+    for size in SIZES:
+        n = max(4, min(64, total // size))
+        srcs = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(n)]
+        keys = [f"p{size}-{i}" for i in range(n)]
+        items = [(k, size, b"") for k in keys]
+        rawpaths = [rawdir / f"{size}-{i}" for i in range(n)]
+
+        def raw_put(rawpaths: list[Path] = rawpaths, srcs: list[Any] = srcs) -> None:
+            for p, s in zip(rawpaths, srcs, strict=True):
+                fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    os.pwrite(fd, s.data, 0)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+
+        def raw_get(rawpaths: list[Path] = rawpaths, size: int = size) -> None:
+            for p in rawpaths:
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    os.pread(fd, size, 0)
+                finally:
+                    os.close(fd)
+
+        t_raw_put = _median_time(raw_put, reps)
+        raw_get()
+        t_raw_get = _median_time(raw_get, reps)
+        ts = []
+        for _ in range(reps):
+            _drop_cache(rawpaths)
+            t0 = time.perf_counter()
+            raw_get()
+            ts.append(time.perf_counter() - t0)
+        t_raw_cold = statistics.median(ts)
+
+        async def put(items: list[tuple[str, int, bytes]] = items, srcs: list[Any] = srcs) -> None:
+            allocs = await b.allocate_many(items)
+            await b.write_many(allocs, srcs)
+
+        async def clear(keys: list[str] = keys) -> None:
+            await b.evict_many(keys)
+
+        t_put = await _amedian(put, reps, clear)
+
+        async def get(keys: list[str] = keys) -> None:
+            await b.read_many(keys)
+
+        await get()
+        t_get = await _amedian(get, reps)
+        objs = [p for p in (root / "store" / "objects").rglob("*") if p.is_file()]
+
+        async def drop(objs: list[Path] = objs) -> None:
+            _drop_cache(objs)
+
+        t_cold = await _amedian(get, reps, drop)
+        await clear()
+        rows.append(
+            {
+                "tier": "pfs",
+                "block_bytes": size,
+                "blocks_per_call": n,
+                "raw": "os.pwrite+fsync / os.pread",
+                "raw_put_MBps": n * size / t_raw_put / 1e6,
+                "put_MBps": n * size / t_put / 1e6,
+                "raw_get_hot_MBps": n * size / t_raw_get / 1e6,
+                "get_hot_MBps": n * size / t_get / 1e6,
+                "raw_get_cold_MBps": n * size / t_raw_cold / 1e6,
+                "get_cold_MBps": n * size / t_cold / 1e6,
+                "put_ratio": t_raw_put / t_put,
+                "get_hot_ratio": t_raw_get / t_get,
+                "get_cold_ratio": t_raw_cold / t_cold,
+            }
+        )
+    await b.aclose()
+    return rows
+
+
+def _fmt(size: int) -> str:
+    return f"{size // MiB} MiB" if size >= MiB else f"{size // KiB} KiB"
+
+
+async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
+    reps = max(5, args.reps)
+    total = (16 if args.quick else 64) * MiB
+    rows = await bench_dram(total, reps)
+    print(f"DRAM tier vs np.copyto (batched calls of {total // MiB} MiB, median of {reps})")
+    print(
+        f"{'block':>8} {'blocks':>6} {'raw GB/s':>9} {'put GB/s':>9} {'get GB/s':>9} {'put x':>6} {'get x':>6}"
+        f" {'put us/blk':>10} {'get us/blk':>10} {'raw us/blk':>10}"
+    )
+    for r in rows:
+        print(
+            f"{_fmt(r['block_bytes']):>8} {r['blocks_per_call']:>6} {r['raw_GBps']:>9.2f} {r['put_GBps']:>9.2f}"
+            f" {r['get_GBps']:>9.2f} {r['put_ratio']:>6.2f} {r['get_ratio']:>6.2f} {r['put_us_per_block']:>10.1f}"
+            f" {r['get_us_per_block']:>10.1f} {r['raw_us_per_block']:>10.1f}"
+        )
+    with tempfile.TemporaryDirectory(dir=args.pfs_dir) as d:
+        prow = await bench_pfs(Path(d), (8 if args.quick else 32) * MiB, reps)
+    where = args.pfs_dir or tempfile.gettempdir()
+    print(f"\nPFS tier vs os.pwrite+fsync / os.pread on {where} (median of {reps}; get = read + sha256 verify)")
+    print(
+        f"{'block':>8} {'blocks':>6} {'rawput MB/s':>11} {'put MB/s':>9} {'put x':>6} {'rawget hot':>10}"
+        f" {'get hot':>8} {'hot x':>6} {'rawget cold':>11} {'get cold':>8} {'cold x':>6}"
+    )
+    for r in prow:
+        print(
+            f"{_fmt(r['block_bytes']):>8} {r['blocks_per_call']:>6} {r['raw_put_MBps']:>11.0f} {r['put_MBps']:>9.0f}"
+            f" {r['put_ratio']:>6.2f} {r['raw_get_hot_MBps']:>10.0f} {r['get_hot_MBps']:>8.0f}"
+            f" {r['get_hot_ratio']:>6.2f} {r['raw_get_cold_MBps']:>11.0f} {r['get_cold_MBps']:>8.0f}"
+            f" {r['get_cold_ratio']:>6.2f}"
+        )
+    return rows + prow
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="smaller batches")
+    p.add_argument("--reps", type=int, default=7, help="repetitions per figure (at least 5)")
+    p.add_argument("--json", metavar="OUT", help="write the rows as JSON")
+    p.add_argument("--pfs-dir", default=None, help="directory for the PFS runs (default: the temp dir)")
+    args = p.parse_args(argv)
+    rows = anyio.run(main_async, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,120 @@
+"""GPU check: certify the hbm tier and the nvme tier through kvikio, then print a summary (< 5 min).
+
+On a machine without a CUDA GPU it prints why and exits 0 without importing kvikio
+(kvikio needs libcuda.so.1 even in compatibility mode). With a GPU it:
+
+1. runs ``tierkv certify hbm --quick`` and ``tierkv certify nvme --quick`` with
+   ``io = "kvikio"`` (through ``tierkv_conformance._certify.main``), each in a
+   subprocess with a time limit;
+2. runs its own loop: HbmBackend host->device, device->device and device->host
+   round trips, and NvmeBackend (kvikio) write/read of 2 MiB blocks, checking bytes;
+3. prints the io paths, verdicts and MB/s.
+
+Usage: ``python benchmarks/gpu_check.py [--out DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tierkv_backends._gpu import cuda_usable, kvikio_installed
+
+
+def certify(name: str, out: Path, config: str | None, limit: float) -> str:
+    cmd = [
+        sys.executable,
+        "-c",
+        "import sys; from tierkv_conformance._certify import main; sys.exit(main(sys.argv[1:]))",
+    ]
+    cmd += [name, "--quick", "--out", str(out)]
+    if config:
+        cfg = out / f"{name}.toml"
+        cfg.write_text(config)
+        cmd += ["--config", str(cfg)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+    except subprocess.TimeoutExpired:
+        return f"{name}: certify timed out after {limit:.0f}s"
+    tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-6:])
+    return f"{name}: certify exit {r.returncode}\n{tail}"
+
+
+async def own_loops(workdir: Path) -> list[str]:
+    import torch
+
+    from tierkv_backends.hbm import HbmBackend
+    from tierkv_backends.nvme import NvmeBackend
+
+    lines: list[str] = []
+    n, count = 2 << 20, 64
+    host = torch.randint(0, 256, (n,), dtype=torch.uint8)
+    dev = host.cuda()
+    async with await HbmBackend.open({"capacity": "512MiB"}) as h:
+        t = time.perf_counter()
+        for i in range(count):
+            await h.write(await h.allocate(f"h{i}", n), host.numpy())
+        h2d = count * n / (time.perf_counter() - t) / 1e6
+        t = time.perf_counter()
+        for i in range(count):
+            await h.write_device(await h.allocate(f"d{i}", n), dev)
+        d2d = count * n / (time.perf_counter() - t) / 1e6
+        out = torch.empty(n, dtype=torch.uint8, device="cuda")
+        got = await h.read_device("d3", into=out)
+        ok = torch.equal(got.cpu(), host) and bytes(await h.read("h5")) == host.numpy().tobytes()
+        lines.append(f"hbm: {h.stats().io_path}; H2D {h2d:.0f} MB/s, D2D {d2d:.0f} MB/s, bytes ok={ok}")
+    async with await NvmeBackend.open(
+        {"path": str(workdir / "nvme-own"), "capacity": "256MiB", "slot_bytes": "2MiB", "io": "kvikio"}
+    ) as b:
+        data = host.numpy()
+        t = time.perf_counter()
+        for i in range(count):
+            await b.write(await b.allocate(f"n{i}", n), data)
+        wr = count * n / (time.perf_counter() - t) / 1e6
+        buf = bytearray(n)
+        t = time.perf_counter()
+        for i in range(count):
+            await b.read(f"n{i}", into=buf)
+        rd = count * n / (time.perf_counter() - t) / 1e6
+        ok = bytes(buf) == data.tobytes()
+        lines.append(f"nvme: {b.stats().io_path}; write {wr:.0f} MB/s, read {rd:.0f} MB/s (QD1), bytes ok={ok}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args(argv)
+    ok, why = cuda_usable()
+    if not ok:
+        print(f"gpu_check: no GPU here ({why}); nothing to certify. Run this on a machine with an NVIDIA GPU.")
+        return 0
+    if not kvikio_installed():
+        print("gpu_check: kvikio is not installed; nvme will be certified on its O_DIRECT path only")
+    import anyio
+    import torch
+
+    t0 = time.monotonic()
+    out = args.out or Path(tempfile.mkdtemp(prefix="tierkv-gpu-check-"))
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"gpu_check: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, out={out}")
+    summary = anyio.run(own_loops, out)
+    nvme_cfg = 'path = "{tmp_path}/nvme"\ncapacity = "256MiB"\nslot_bytes = "2MiB"\nio = "%s"\n' % (
+        "kvikio" if kvikio_installed() else "posix"
+    )
+    summary.append(certify("hbm", out / "hbm", None, 120))
+    summary.append(certify("nvme", out / "nvme", nvme_cfg, 120))
+    print("\n=== summary ===")
+    for line in summary:
+        print(line)
+    print(f"total {time.monotonic() - t0:.0f}s; KVIKIO_COMPAT_MODE={os.environ.get('KVIKIO_COMPAT_MODE', '(unset)')}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

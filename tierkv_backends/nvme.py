@@ -1,0 +1,932 @@
+"""The NVMe tier: preallocated slab files addressed by slot, O_DIRECT I/O, crash-safe commit.
+
+Layout (see ``docs/tiers.md``)
+------------------------------
+Each configured directory holds one slab file per slot size class,
+``tierkv-nvme-<slot_bytes>.slab``. A slab file is::
+
+    page 0      geometry record (magic, version, slot_bytes, nslots, checksum algorithm, crc)
+    page 1      checkpoint record (generation G, crc): every block of generation <= G is complete
+    slot i      at 8192 + i * stride, stride = 4096 + round_up(slot_bytes, 4096):
+                [4096-byte slot header][payload padded to 4096]
+
+A slot header holds magic, state (committed / free), a generation number
+(unique and increasing over the life of the slab set), key, payload length,
+tag, the payload checksum (crc32c when the ``crc32c`` package is present,
+zlib crc32 otherwise; recorded in the geometry) and a crc32 over the header.
+
+Commit protocol ("acknowledged")
+--------------------------------
+``write`` puts header and payload in the slot with one O_DIRECT ``pwritev``
+and then ``fdatasync``; it returns (the block is *acknowledged*) only after
+both. ``evict`` writes a *free* header over the slot and ``fdatasync``\\ s it
+before returning and before the slot can be reused. On open every slot header
+is read: a block is served only if its header checksum is valid, its state is
+committed and, if its generation is above the checkpoint, its payload checksum
+matches (a torn or stale payload is caught there). Two committed headers for
+one key: the higher generation wins, the other is invalidated. Slots that fail
+are durably invalidated before a new checkpoint is written, so that a later
+torn write can never resurrect them. ``read`` always verifies the payload
+checksum and the generation; a mismatch raises IntegrityError and quarantines
+the block.
+
+Accounting: a block holds a whole slot, so ``used_bytes`` counts the slot size of
+every block and reservation (0 for an empty block); ``details["logical_bytes"]``
+holds the requested bytes and, with one size class, ``details["granule"]`` is
+the slot size (the conformance suite's footprint rule).
+
+Concurrency: at most ``queue_depth`` I/Os are in flight (an anyio
+CapacityLimiter in front of worker threads). Cancellation of a write after the
+data reached the medium durably invalidates the slot (shielded) before the
+reservation is released.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import struct
+import threading
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import numpy as np
+
+from tierkv._backend import (
+    MAX_TAG_BYTES,
+    Allocation,
+    Availability,
+    Backend,
+    BackendStats,
+    BlockInfo,
+    Buffer,
+    Capabilities,
+    TierKind,
+    as_byte_view,
+    validate_key,
+)
+from tierkv._errors import (
+    BackendIOError,
+    BlockExistsError,
+    BlockNotFoundError,
+    CapacityError,
+    ConfigError,
+    InputError,
+    IntegrityError,
+    PluginUnavailableError,
+)
+from tierkv._options import opt_bool, opt_choice, opt_int, opt_size, parse_size, reject_unknown
+
+from ._gpu import cuda_usable, kvikio_installed
+
+__all__ = ["NvmeBackend", "SlotHeader", "pack_slot_header", "unpack_slot_header"]
+
+PAGE = 4096
+_DATA_START = 2 * PAGE
+_GEOM_MAGIC = b"TKVNVME\x01"
+_CKPT_MAGIC = b"TKVCKPT\x01"
+_SLOT_MAGIC = b"TKVSLOT\x01"
+_VERSION = 1
+_GEOM = struct.Struct("<8sIIQQQ")  # magic, version, checksum id, slot_bytes, nslots, stride
+_CKPT = struct.Struct("<8sQ")  # magic, generation
+_HDR = struct.Struct("<8sB3xQQHHI128s256s")  # magic, state, gen, nbytes, keylen, taglen, payload crc, key, tag
+_CRC = struct.Struct("<I")
+_STATE_FREE = 0
+_STATE_COMMITTED = 1
+_CHECKSUMS = {1: "crc32", 2: "crc32c"}
+_KNOWN = frozenset({"path", "capacity", "slot_bytes", "queue_depth", "io", "checksum", "direct", "prefill"})
+
+
+def _round_up(n: int, a: int = PAGE) -> int:
+    return (n + a - 1) // a * a
+
+
+def _checksum_fn(name: str) -> Callable[[Any], int]:
+    if name == "crc32c":
+        import crc32c
+
+        def crc32c_fn(b: Any) -> int:
+            return int(crc32c.crc32c(b))
+
+        return crc32c_fn
+
+    def crc32_fn(b: Any) -> int:
+        return zlib.crc32(b) & 0xFFFFFFFF
+
+    return crc32_fn
+
+
+def _crc32c_available() -> bool:
+    try:
+        import crc32c  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class SlotHeader:
+    """A decoded slot header (``state`` 1 = committed, 0 = free)."""
+
+    state: int
+    gen: int
+    key: str
+    nbytes: int
+    tag: bytes
+    payload_crc: int
+
+
+def pack_slot_header(h: SlotHeader) -> bytes:
+    """Encode a slot header followed by its crc32 (fits in the first 512-byte sector)."""
+    kb = h.key.encode("ascii")
+    body = _HDR.pack(_SLOT_MAGIC, h.state, h.gen, h.nbytes, len(kb), len(h.tag), h.payload_crc, kb, h.tag)
+    return body + _CRC.pack(zlib.crc32(body) & 0xFFFFFFFF)
+
+
+def unpack_slot_header(raw: bytes | memoryview) -> SlotHeader | None:
+    """Decode a slot header; ``None`` if the magic, checksum or fields are invalid."""
+    n = _HDR.size
+    if len(raw) < n + _CRC.size:
+        return None
+    body = bytes(raw[:n])
+    (crc,) = _CRC.unpack(bytes(raw[n : n + _CRC.size]))
+    if zlib.crc32(body) & 0xFFFFFFFF != crc:
+        return None
+    magic, state, gen, nbytes, klen, tlen, pcrc, kb, tb = _HDR.unpack(body)
+    if magic != _SLOT_MAGIC or state not in (_STATE_FREE, _STATE_COMMITTED) or klen > 128 or tlen > MAX_TAG_BYTES:
+        return None
+    try:
+        key = kb[:klen].decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    if state == _STATE_COMMITTED:
+        try:
+            validate_key(key)
+        except InputError:
+            return None
+    return SlotHeader(state, gen, key, nbytes, tb[:tlen], pcrc)
+
+
+def _sealed(body: bytes) -> bytes:
+    return body + _CRC.pack(zlib.crc32(body) & 0xFFFFFFFF)
+
+
+def _unseal(raw: bytes, st: struct.Struct) -> tuple[Any, ...] | None:
+    body, crc = raw[: st.size], raw[st.size : st.size + 4]
+    if len(crc) < 4 or _CRC.unpack(crc)[0] != zlib.crc32(body) & 0xFFFFFFFF:
+        return None
+    return st.unpack(body)
+
+
+def _addr(mv: memoryview) -> int:
+    return int(np.frombuffer(mv, dtype=np.uint8).ctypes.data) if len(mv) else 0
+
+
+class _Pool:
+    """Page-aligned bounce buffers (anonymous mmap), one per in-flight I/O at most."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._free: list[mmap.mmap] = []
+        self._lock = threading.Lock()
+
+    def get(self) -> mmap.mmap:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return mmap.mmap(-1, self.size)
+
+    def put(self, buf: mmap.mmap) -> None:
+        with self._lock:
+            self._free.append(buf)
+
+    def close(self) -> None:
+        with self._lock:
+            for b in self._free:
+                try:
+                    b.close()
+                except BufferError:
+                    pass  # a view is still alive (e.g. in a traceback): the GC unmaps it later
+            self._free.clear()
+
+
+class _Slab:
+    """One slab file of one size class."""
+
+    def __init__(self, path: Path, slot_bytes: int, nslots: int) -> None:
+        self.path = path
+        self.slot_bytes = slot_bytes
+        self.nslots = nslots
+        self.stride = PAGE + _round_up(slot_bytes)
+        self.fd = -1
+        self.cufile: Any = None
+
+    @property
+    def file_bytes(self) -> int:
+        return _DATA_START + self.nslots * self.stride
+
+    def offset(self, slot: int) -> int:
+        return _DATA_START + slot * self.stride
+
+
+@dataclass(slots=True)
+class _Entry:
+    slab: int
+    slot: int
+    gen: int
+    nbytes: int
+    tag: bytes
+    readers: int = 0
+    dead: bool = False
+    invalidated: bool = False
+    released: bool = False
+
+
+class NvmeBackend(Backend):
+    """Persistent NVMe tier over preallocated slab files (see the module docstring).
+
+    Options:
+        path: a directory or a list of directories (one per device) for the slab files (required).
+        capacity: payload bytes over all slab files (default 256 MiB), split evenly among size classes
+            and directories.
+        slot_bytes: one slot size or a list of size classes (default ``"2MiB"``); a block goes to the
+            smallest class that fits; ``max_block_bytes`` is the largest class.
+        queue_depth: maximum I/Os in flight (default 8).
+        io: ``"auto"`` (kvikio cuFile when a CUDA GPU and kvikio are present, else POSIX), ``"kvikio"``
+            or ``"posix"``.
+        checksum: ``"auto"`` (crc32c if installed), ``"crc32c"`` or ``"crc32"``; an existing slab keeps
+            the algorithm it was created with.
+        direct: use O_DIRECT (default true; false only for filesystems without it, e.g. tmpfs).
+        prefill: write zeros over new slab files so that later writes never allocate extents (default true).
+
+    Errors: ConfigError for bad options or a slab whose geometry differs from the options;
+    PluginUnavailableError for ``io="kvikio"`` without GPU or kvikio; BackendIOError for the medium
+    (including a filesystem that refuses O_DIRECT).
+    """
+
+    def __init__(self, options: Mapping[str, Any] | None = None, *, name: str = "") -> None:
+        super().__init__(options, name=name or "nvme")
+        reject_unknown(self.options, _KNOWN)
+        raw_path = self.options.get("path")
+        if isinstance(raw_path, (str, os.PathLike)):
+            dirs = [Path(raw_path)]
+        elif (
+            isinstance(raw_path, (list, tuple))
+            and raw_path
+            and all(isinstance(p, (str, os.PathLike)) for p in raw_path)
+        ):
+            dirs = [Path(p) for p in raw_path]
+        else:
+            raise ConfigError("path", raw_path, "a directory or a non-empty list of directories")
+        if len({str(d) for d in dirs}) != len(dirs):
+            raise ConfigError("path", raw_path, "distinct directories")
+        self._dirs = dirs
+        self._capacity_opt = opt_size(self.options, "capacity", "256MiB", minimum=1)
+        raw_sb = self.options.get("slot_bytes", "2MiB")
+        sizes = raw_sb if isinstance(raw_sb, (list, tuple)) else [raw_sb]
+        if not sizes:
+            raise ConfigError("slot_bytes", raw_sb, "a size or a non-empty list of sizes")
+        classes = sorted({parse_size("slot_bytes", s) for s in sizes})
+        if classes[0] < 1 or classes[-1] > 1 << 30:
+            raise ConfigError("slot_bytes", raw_sb, "sizes between 1 byte and 1 GiB")
+        self._classes = classes
+        self._qd = opt_int(self.options, "queue_depth", 8, minimum=1, maximum=256)
+        self._io_opt = opt_choice(self.options, "io", ("auto", "kvikio", "posix"), "auto")
+        self._checksum_opt = opt_choice(self.options, "checksum", ("auto", "crc32c", "crc32"), "auto")
+        self._direct = opt_bool(self.options, "direct", True)
+        self._prefill = opt_bool(self.options, "prefill", True)
+        per_class = self._capacity_opt // len(classes)
+        self._slabs: list[_Slab] = []
+        for sb in classes:
+            per_file = max(1, per_class // (sb * len(dirs)))
+            for d in dirs:
+                self._slabs.append(_Slab(d / f"tierkv-nvme-{sb}.slab", sb, per_file))
+        self._capacity = sum(s.nslots * s.slot_bytes for s in self._slabs)
+        # free slots per class, interleaved over directories so consecutive blocks go to distinct devices
+        self._free: dict[int, list[tuple[int, int]]] = {sb: [] for sb in classes}
+        self._index: dict[str, _Entry] = {}
+        self._pending: dict[str, Allocation] = {}
+        self._pending_slot: dict[str, tuple[int, int]] = {}
+        self._used = 0
+        self._logical = 0
+        self._reserved = 0
+        self._handles = 0
+        self._next_gen = 1
+        self._gen_lock = threading.Lock()
+        self._checkpoint = 0
+        self._ckpt_seen: list[int] = []
+        self._inflight: set[tuple[int, int]] = set()
+        self._unsettled: set[int] = set()
+        self._poisoned: set[tuple[int, int]] = set()
+        self._limiter = anyio.CapacityLimiter(self._qd)
+        self._pool = _Pool(PAGE + _round_up(classes[-1]))
+        self._checksum = "crc32"
+        self._csum: Callable[[Any], int] = _checksum_fn("crc32")
+        self._io_path = ""
+        self._kvikio: Any = None
+        self._counters = {"reads": 0, "writes": 0, "evictions": 0, "bytes_read": 0, "bytes_written": 0}
+        self._recovered = {"blocks": 0, "torn_or_stale": 0, "duplicates": 0, "verified": 0}
+
+    # ----------------------------------------------------------------- declaration
+    @classmethod
+    def probe(cls) -> Availability:
+        if not hasattr(os, "O_DIRECT") or not hasattr(os, "preadv"):
+            return Availability(False, "this platform has no O_DIRECT / preadv", "run on Linux")
+        ok, why = cuda_usable() if kvikio_installed() else (False, "kvikio not installed")
+        if ok:
+            return Availability(True, "kvikio cuFile available")
+        return Availability(True, f"O_DIRECT preadv/pwritev ({why})")
+
+    @classmethod
+    def default_options(cls, workdir: Path) -> dict[str, Any]:
+        return {"path": str(workdir / "nvme"), "capacity": "256MiB", "slot_bytes": "2MiB"}
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            tier_kind=TierKind.NVME,
+            persistent=True,
+            alignment=PAGE,
+            max_block_bytes=self._classes[-1],
+            max_concurrency=self._qd,
+            envelope_threshold=0.9,
+        )
+
+    # ------------------------------------------------------------------- lifecycle
+    async def _open(self) -> None:
+        use_kvikio = False
+        if self._io_opt in ("auto", "kvikio"):
+            ok, why = cuda_usable() if kvikio_installed() else (False, "kvikio is not installed")
+            if ok:
+                use_kvikio = True
+            elif self._io_opt == "kvikio":
+                raise PluginUnavailableError(
+                    f"nvme io='kvikio' is unavailable: {why}",
+                    group="tierkv.backends",
+                    name=self.name,
+                    hint="install the gds extra (kvikio-cu12) on a machine with an NVIDIA GPU, or use io='posix'",
+                )
+        try:
+            await anyio.to_thread.run_sync(self._open_files, limiter=self._limiter)
+            if use_kvikio:
+                await anyio.to_thread.run_sync(self._open_kvikio, limiter=self._limiter)
+            await anyio.to_thread.run_sync(self._recover, limiter=self._limiter)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self._close_files)
+            raise
+
+    def _open_kvikio(self) -> None:
+        import kvikio
+
+        compat = True
+        try:
+            compat = bool(kvikio.defaults.is_compat_mode_preferred())
+        except AttributeError:
+            try:
+                compat = str(kvikio.defaults.compat_mode()).upper().endswith("ON")
+            except AttributeError:
+                compat = True
+        for s in self._slabs:
+            s.cufile = kvikio.CuFile(str(s.path), "r+")
+        self._kvikio = kvikio
+        self._io_path = "kvikio cuFile (compat mode, POSIX)" if compat else "kvikio cuFile (GDS)"
+
+    def _open_files(self) -> None:
+        want = _CHECKSUMS[2] if self._checksum_opt == "crc32c" else _CHECKSUMS[1]
+        if self._checksum_opt == "auto":
+            want = "crc32c" if _crc32c_available() else "crc32"
+        chosen: str | None = None
+        flags = os.O_RDWR | (os.O_DIRECT if self._direct else 0)
+        for d in self._dirs:
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise BackendIOError(f"cannot create directory {d}: {exc}", tier=self.name) from exc
+        for s in self._slabs:
+            exists = s.path.exists()
+            try:
+                s.fd = os.open(s.path, flags | os.O_CREAT, 0o644)
+            except OSError as exc:
+                if exc.errno == errno.EINVAL and self._direct:
+                    raise BackendIOError(
+                        f"{s.path.parent} does not support O_DIRECT (tmpfs?); use a real filesystem or direct=false",
+                        tier=self.name,
+                    ) from exc
+                raise BackendIOError(f"cannot open {s.path}: {exc}", tier=self.name) from exc
+            try:
+                algo = self._read_geometry(s) if exists and os.fstat(s.fd).st_size >= PAGE else None
+                if algo is None:
+                    algo = chosen or want
+                    self._create(s, algo)
+            except OSError as exc:
+                raise BackendIOError(f"cannot initialise {s.path}: {exc}", tier=self.name) from exc
+            if chosen is not None and algo != chosen:
+                raise ConfigError("checksum", algo, f"one algorithm for all slab files (others use {chosen})")
+            chosen = algo
+        assert chosen is not None
+        if chosen == "crc32c" and not _crc32c_available():
+            raise PluginUnavailableError(
+                "slab files use crc32c but the crc32c package is not installed",
+                group="tierkv.backends",
+                name=self.name,
+                hint="pip install crc32c",
+            )
+        self._checksum = chosen
+        self._csum = _checksum_fn(chosen)
+        self._io_path = "O_DIRECT preadv/pwritev" if self._direct else "buffered preadv/pwritev + fdatasync"
+
+    def _read_page(self, s: _Slab, off: int) -> bytes:
+        buf = self._pool.get()
+        try:
+            mv = memoryview(buf)[:PAGE]
+            n = os.preadv(s.fd, [mv], off)
+            return bytes(mv[:n])
+        finally:
+            self._pool.put(buf)
+
+    def _write_page(self, s: _Slab, off: int, data: bytes) -> None:
+        buf = self._pool.get()
+        try:
+            buf[: len(data)] = data
+            mv = memoryview(buf)[:PAGE]
+            if os.pwritev(s.fd, [mv], off) != PAGE:
+                raise OSError(errno.EIO, "short write")
+        finally:
+            self._pool.put(buf)
+
+    def _read_geometry(self, s: _Slab) -> str | None:
+        g = _unseal(self._read_page(s, 0), _GEOM)
+        if g is None or g[0] != _GEOM_MAGIC:
+            return None  # never finished initialising: recreate
+        _, version, algo_id, slot_bytes, nslots, stride = g
+        if version != _VERSION or algo_id not in _CHECKSUMS:
+            raise ConfigError("path", str(s.path), f"a slab file of format version {_VERSION}")
+        if slot_bytes != s.slot_bytes or nslots != s.nslots or stride != s.stride:
+            raise ConfigError(
+                "capacity",
+                self.options.get("capacity"),
+                f"the geometry of the existing {s.path.name} (slot_bytes={slot_bytes}, nslots={nslots}); "
+                "use the same capacity/slot_bytes/path or a new directory",
+            )
+        ck = _unseal(self._read_page(s, PAGE), _CKPT)
+        # a torn checkpoint record means: verify every payload (-1)
+        self._ckpt_seen.append(ck[1] if ck is not None and ck[0] == _CKPT_MAGIC else -1)
+        return _CHECKSUMS[algo_id]
+
+    def _create(self, s: _Slab, algo: str) -> None:
+        os.ftruncate(s.fd, 0)
+        os.ftruncate(s.fd, s.file_bytes)
+        if self._prefill:
+            chunk = 8 << 20
+            zero = mmap.mmap(-1, chunk)
+            try:
+                off = 0
+                while off < s.file_bytes:
+                    n = min(chunk, s.file_bytes - off)
+                    os.pwritev(s.fd, [memoryview(zero)[:n]], off)
+                    off += n
+            finally:
+                zero.close()
+        else:
+            free = pack_slot_header(SlotHeader(_STATE_FREE, 0, "", 0, b"", 0))
+            for i in range(s.nslots):
+                self._write_page(s, s.offset(i), free)
+        self._write_page(s, PAGE, _sealed(_CKPT.pack(_CKPT_MAGIC, 0)))
+        os.fsync(s.fd)
+        algo_id = next(k for k, v in _CHECKSUMS.items() if v == algo)
+        self._write_page(s, 0, _sealed(_GEOM.pack(_GEOM_MAGIC, _VERSION, algo_id, s.slot_bytes, s.nslots, s.stride)))
+        os.fsync(s.fd)
+        dfd = os.open(s.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def _recover(self) -> None:
+        """Rebuild the index from the slot headers (see the module docstring)."""
+        # the files' checkpoints are written in turn: the smallest one is true for all
+        ckpt = min(self._ckpt_seen) if self._ckpt_seen else 0
+        best: dict[str, tuple[int, int, SlotHeader]] = {}
+        bad: list[tuple[int, int]] = []
+        free: list[tuple[int, int]] = []
+        max_gen = max(ckpt, 0)
+        for si, s in enumerate(self._slabs):
+            for slot in range(s.nslots):
+                h = unpack_slot_header(self._read_page(s, s.offset(slot)))
+                if h is not None:
+                    max_gen = max(max_gen, h.gen)
+                if h is None or h.state != _STATE_COMMITTED:
+                    free.append((si, slot))
+                    continue
+                ok = h.nbytes <= s.slot_bytes
+                if ok and (ckpt < 0 or h.gen > ckpt):
+                    ok = self._verify_payload(s, slot, h)
+                    self._recovered["verified"] += 1
+                if not ok:
+                    self._recovered["torn_or_stale"] += 1
+                    bad.append((si, slot))
+                    continue
+                prev = best.get(h.key)
+                if prev is not None:
+                    self._recovered["duplicates"] += 1
+                    loser = prev if prev[2].gen < h.gen else (si, slot, h)
+                    bad.append((loser[0], loser[1]))
+                    if prev[2].gen > h.gen:
+                        continue
+                best[h.key] = (si, slot, h)
+        self._next_gen = max_gen + 1
+        touched: set[int] = set()
+        for si, slot in bad:
+            s = self._slabs[si]
+            self._write_page(s, s.offset(slot), self._free_header())
+            touched.add(si)
+            free.append((si, slot))
+        for si in touched:
+            os.fdatasync(self._slabs[si].fd)
+        for key, (si, slot, h) in best.items():
+            self._index[key] = _Entry(si, slot, h.gen, h.nbytes, h.tag)
+            self._used += self._held(si, h.nbytes)
+            self._logical += h.nbytes
+        self._recovered["blocks"] = len(best)
+        # interleave free slots over directories, lowest slot numbers first
+        free.sort(key=lambda t: (t[1], t[0]), reverse=True)
+        for si, slot in free:
+            self._free[self._slabs[si].slot_bytes].append((si, slot))
+        self._write_checkpoint(self._next_gen - 1)
+
+    def _take_gen(self) -> int:
+        with self._gen_lock:
+            gen = self._next_gen
+            self._next_gen += 1
+            return gen
+
+    def _free_header(self) -> bytes:
+        gen = self._take_gen()
+        return pack_slot_header(SlotHeader(_STATE_FREE, gen, "", 0, b"", 0))
+
+    def _write_checkpoint(self, gen: int) -> None:
+        rec = _sealed(_CKPT.pack(_CKPT_MAGIC, max(gen, 0)))
+        for s in self._slabs:
+            self._write_page(s, PAGE, rec)
+            os.fdatasync(s.fd)
+        self._checkpoint = max(gen, 0)
+
+    def _verify_payload(self, s: _Slab, slot: int, h: SlotHeader) -> bool:
+        buf = self._pool.get()
+        try:
+            n = _round_up(h.nbytes)
+            mv = memoryview(buf)[: PAGE + n]
+            if os.preadv(s.fd, [mv], s.offset(slot)) != PAGE + n:
+                return False
+            return unpack_slot_header(mv[:PAGE]) == h and self._csum(mv[PAGE : PAGE + h.nbytes]) == h.payload_crc
+        finally:
+            self._pool.put(buf)
+
+    async def _close(self) -> None:
+        # wait for every in-flight I/O: take all the limiter's tokens
+        tokens = [object() for _ in range(self._qd)]
+        with anyio.CancelScope(shield=True):
+            for t in tokens:
+                await self._limiter.acquire_on_behalf_of(t)
+            try:
+                if any(s.fd >= 0 for s in self._slabs):
+                    settled = (min(self._unsettled) - 1) if self._unsettled else self._next_gen - 1
+                    try:
+                        await anyio.to_thread.run_sync(self._write_checkpoint, settled)
+                    except OSError:
+                        pass  # the next open verifies more payloads; nothing is lost
+                await anyio.to_thread.run_sync(self._close_files)
+            finally:
+                for t in tokens:
+                    self._limiter.release_on_behalf_of(t)
+
+    def _close_files(self) -> None:
+        for s in self._slabs:
+            if s.cufile is not None:
+                try:
+                    s.cufile.close()
+                except Exception:
+                    pass
+                s.cufile = None
+            if s.fd >= 0:
+                os.close(s.fd)
+                s.fd = -1
+        self._pool.close()
+
+    # ------------------------------------------------------------------- raw I/O
+    def _pwritev(self, s: _Slab, iovs: list[memoryview], off: int) -> int:
+        if s.cufile is not None:
+            total = 0
+            for mv in iovs:
+                total += int(s.cufile.pwrite(np.frombuffer(mv, dtype=np.uint8), len(mv), off + total).get())
+            return total
+        return os.pwritev(s.fd, iovs, off)
+
+    def _preadv(self, s: _Slab, iovs: list[memoryview], off: int) -> int:
+        if s.cufile is not None:
+            total = 0
+            for mv in iovs:
+                total += int(s.cufile.pread(np.frombuffer(mv, dtype=np.uint8), len(mv), off + total).get())
+            return total
+        return os.preadv(s.fd, iovs, off)
+
+    def _sync(self, s: _Slab) -> None:
+        os.fdatasync(s.fd)
+
+    def _write_slot(self, si: int, slot: int, gen: int, key: str, tag: bytes, data: memoryview) -> None:
+        s = self._slabs[si]
+        n = len(data)
+        hdr = pack_slot_header(SlotHeader(_STATE_COMMITTED, gen, key, n, tag, self._csum(data)))
+        buf = self._pool.get()
+        try:
+            buf[: len(hdr)] = hdr
+            bmv = memoryview(buf)
+            full = n // PAGE * PAGE
+            if full and _addr(data) % PAGE == 0:
+                iovs = [bmv[:PAGE], data[:full]]
+                tail = n - full
+                if tail:
+                    bmv[PAGE : PAGE + tail] = data[full:]
+                    iovs.append(bmv[PAGE : 2 * PAGE])
+            else:
+                if n:
+                    bmv[PAGE : PAGE + n] = data
+                iovs = [bmv[: PAGE + _round_up(n)]]
+            total = sum(len(v) for v in iovs)
+            if self._pwritev(s, iovs, s.offset(slot)) != total:
+                raise OSError(errno.EIO, "short write")
+            self._sync(s)
+        finally:
+            self._pool.put(buf)
+
+    def _read_slot(self, e: _Entry, key: str, into: memoryview | None) -> memoryview:
+        s = self._slabs[e.slab]
+        n = e.nbytes
+        buf = self._pool.get()
+        try:
+            bmv = memoryview(buf)
+            full = n // PAGE * PAGE
+            out: memoryview
+            if into is None:
+                if n == 0:
+                    out = memoryview(b"")
+                else:
+                    out = memoryview(mmap.mmap(-1, _round_up(n)))
+                iovs = [bmv[:PAGE]] + ([out[: _round_up(n)]] if n else [])
+                if self._preadv(s, iovs, s.offset(e.slot)) != PAGE + _round_up(n):
+                    raise OSError(errno.EIO, "short read")
+                out = out[:n]
+            elif full and _addr(into) % PAGE == 0:
+                iovs = [bmv[:PAGE], into[:full]]
+                tail = n - full
+                if tail:
+                    iovs.append(bmv[PAGE : 2 * PAGE])
+                if self._preadv(s, iovs, s.offset(e.slot)) != sum(len(v) for v in iovs):
+                    raise OSError(errno.EIO, "short read")
+                if tail:
+                    into[full:n] = bmv[PAGE : PAGE + tail]
+                out = into[:n]
+            else:
+                rn = PAGE + _round_up(n)
+                if self._preadv(s, [bmv[:rn]], s.offset(e.slot)) != rn:
+                    raise OSError(errno.EIO, "short read")
+                into[:n] = bmv[PAGE : PAGE + n]
+                out = into[:n]
+            h = unpack_slot_header(bmv[:PAGE])
+            if h is None or h.state != _STATE_COMMITTED or h.gen != e.gen or h.key != key or h.nbytes != n:
+                raise IntegrityError(f"slot header of {key!r} is invalid or stale", tier=self.name)
+            if self._csum(out) != h.payload_crc:
+                raise IntegrityError(f"payload checksum mismatch for {key!r}", tier=self.name)
+            return out
+        finally:
+            self._pool.put(buf)
+
+    def _invalidate(self, si: int, slot: int) -> None:
+        s = self._slabs[si]
+        hdr = self._free_header()
+        buf = self._pool.get()
+        try:
+            buf[: len(hdr)] = hdr
+            if self._pwritev(s, [memoryview(buf)[:PAGE]], s.offset(slot)) != PAGE:
+                raise OSError(errno.EIO, "short write")
+            self._sync(s)
+        finally:
+            self._pool.put(buf)
+
+    async def _invalidate_shielded(self, si: int, slot: int) -> bool:
+        """Durably free a slot; on failure the slot is poisoned (never reused in this process)."""
+        with anyio.CancelScope(shield=True):
+            try:
+                await anyio.to_thread.run_sync(self._invalidate, si, slot, limiter=self._limiter)
+            except OSError:
+                self._poisoned.add((si, slot))
+                return False
+        return True
+
+    def _release_slot(self, si: int, slot: int) -> None:
+        if (si, slot) not in self._poisoned:
+            self._free[self._slabs[si].slot_bytes].append((si, slot))
+
+    # ---------------------------------------------------------------------- data
+    async def allocate(self, key: str, nbytes: int, *, tag: bytes = b"") -> Allocation:
+        """Reserve a slot of the smallest class that fits. Raises InputError, BlockExistsError,
+        CapacityError (no free slot of a fitting class, or capacity exhausted), BackendClosedError."""
+        self._check_open()
+        validate_key(key, tier=self.name)
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise InputError(f"[{self.name}] nbytes must be a non-negative int, got {nbytes!r}")
+        if nbytes > self._classes[-1]:
+            raise InputError(f"[{self.name}] {nbytes} bytes exceeds max_block_bytes={self._classes[-1]}")
+        if not isinstance(tag, bytes) or len(tag) > MAX_TAG_BYTES:
+            raise InputError(f"[{self.name}] tag must be bytes of at most {MAX_TAG_BYTES}")
+        if key in self._index or key in self._pending:
+            raise BlockExistsError(f"block {key!r} exists", tier=self.name)
+        for sb in self._classes:
+            if sb >= nbytes and self._free[sb]:
+                si, slot = self._free[sb].pop()
+                break
+        else:
+            raise CapacityError(f"no free slot for a block of {nbytes} bytes", tier=self.name)
+        self._handles += 1
+        a = Allocation(key, nbytes, tag, self._handles)
+        self._pending[key] = a
+        self._pending_slot[key] = (si, slot)
+        held = self._held(si, nbytes)
+        self._used += held
+        self._reserved += held
+        self._logical += nbytes
+        return a
+
+    def _held(self, si: int, nbytes: int) -> int:
+        """Bytes a block counts in ``used_bytes``: its whole slot (0 for an empty block)."""
+        return self._slabs[si].slot_bytes if nbytes else 0
+
+    def _drop_pending(self, a: Allocation) -> tuple[int, int] | None:
+        if self._pending.get(a.key) is a:
+            del self._pending[a.key]
+            si, slot = self._pending_slot.pop(a.key)
+            held = self._held(si, a.nbytes)
+            self._used -= held
+            self._reserved -= held
+            self._logical -= a.nbytes
+            return si, slot
+        return None
+
+    async def write(self, allocation: Allocation, data: Buffer) -> None:
+        """Write and commit durably (one O_DIRECT write of header + payload, then fdatasync).
+
+        Raises InputError, BlockNotFoundError (unknown allocation, or evicted while in flight),
+        BackendIOError, BackendClosedError. On failure or cancellation the slot is durably
+        invalidated (shielded) and the reservation released.
+        """
+        self._check_open()
+        a = self._pending.get(allocation.key)
+        if a is None or a.handle != allocation.handle:
+            raise BlockNotFoundError(f"no reservation for {allocation.key!r}", tier=self.name)
+        mv = as_byte_view(data)
+        if len(mv) != a.nbytes:
+            raise InputError(f"[{self.name}] write of {len(mv)} bytes into a {a.nbytes}-byte allocation")
+        si, slot = self._pending_slot[a.key]
+        gen = self._take_gen()
+        self._unsettled.add(gen)
+        self._inflight.add((si, slot))
+        try:
+            await anyio.to_thread.run_sync(self._write_slot, si, slot, gen, a.key, a.tag, mv, limiter=self._limiter)
+        except BaseException as exc:
+            self._inflight.discard((si, slot))
+            self._drop_pending(a)
+            # the write may have reached the medium: free the slot durably before it is reused
+            if await self._invalidate_shielded(si, slot):
+                self._unsettled.discard(gen)
+            self._release_slot(si, slot)
+            if isinstance(exc, OSError):
+                raise BackendIOError(f"write of {a.key!r} failed: {exc}", tier=self.name) from exc
+            raise
+        self._inflight.discard((si, slot))
+        if self._pending.get(a.key) is not a or self._closed:
+            # evicted while in flight: the slot goes back only once it is durably free again
+            if await self._invalidate_shielded(si, slot):
+                self._unsettled.discard(gen)
+            self._release_slot(si, slot)
+            raise BlockNotFoundError(f"reservation for {a.key!r} was dropped during write", tier=self.name)
+        del self._pending[a.key]
+        del self._pending_slot[a.key]
+        self._reserved -= self._held(si, a.nbytes)
+        self._unsettled.discard(gen)
+        self._index[a.key] = _Entry(si, slot, gen, a.nbytes, a.tag)
+        self._counters["writes"] += 1
+        self._counters["bytes_written"] += a.nbytes
+
+    async def read(self, key: str, *, into: Buffer | None = None) -> memoryview:
+        """Read and verify (header generation + payload checksum). Raises BlockNotFoundError,
+        InputError, IntegrityError (block quarantined: invalidated and removed), BackendIOError."""
+        self._check_open()
+        validate_key(key, tier=self.name)
+        e = self._index.get(key)
+        if e is None:
+            raise BlockNotFoundError(f"no block {key!r}", tier=self.name)
+        dst: memoryview | None = None
+        if into is not None:
+            dst = as_byte_view(into, writable=True, what="into")
+            if len(dst) < e.nbytes:
+                raise InputError(f"[{self.name}] into has {len(dst)} bytes, block {key!r} has {e.nbytes}")
+        e.readers += 1
+        try:
+            out = await anyio.to_thread.run_sync(self._read_slot, e, key, dst, limiter=self._limiter)
+        except IntegrityError:
+            if self._index.get(key) is e:
+                await self._remove(key, e)
+                raise
+            raise BlockNotFoundError(f"block {key!r} was evicted during read", tier=self.name) from None
+        except OSError as exc:
+            raise BackendIOError(f"read of {key!r} failed: {exc}", tier=self.name) from exc
+        finally:
+            e.readers -= 1
+            self._maybe_free(e)
+        self._counters["reads"] += 1
+        self._counters["bytes_read"] += e.nbytes
+        return out
+
+    def _maybe_free(self, e: _Entry) -> None:
+        if e.dead and e.invalidated and e.readers == 0 and not e.released:
+            e.released = True
+            self._release_slot(e.slab, e.slot)
+
+    async def _remove(self, key: str, e: _Entry) -> None:
+        del self._index[key]
+        self._used -= self._held(e.slab, e.nbytes)
+        self._logical -= e.nbytes
+        e.dead = True
+        with anyio.CancelScope(shield=True):
+            try:
+                await anyio.to_thread.run_sync(self._invalidate, e.slab, e.slot, limiter=self._limiter)
+            except OSError as exc:
+                self._poisoned.add((e.slab, e.slot))
+                raise BackendIOError(f"evict of {key!r} failed: {exc}", tier=self.name) from exc
+        e.invalidated = True
+        self._maybe_free(e)
+
+    async def evict(self, key: str) -> bool:
+        """Remove durably (the slot header is overwritten with a free record and synced before
+        returning). Idempotent. Raises InputError, BackendClosedError, BackendIOError."""
+        self._check_open()
+        validate_key(key, tier=self.name)
+        a = self._pending.get(key)
+        if a is not None:
+            si, slot = self._pending_slot[key]
+            self._drop_pending(a)
+            # a write in flight for it cleans up the slot itself; an idle reservation never touched the disk
+            if not self._write_in_flight(si, slot):
+                self._release_slot(si, slot)
+            return True
+        e = self._index.get(key)
+        if e is None:
+            return False
+        await self._remove(key, e)
+        self._counters["evictions"] += 1
+        return True
+
+    def _write_in_flight(self, si: int, slot: int) -> bool:
+        return (si, slot) in self._inflight
+
+    async def contains(self, key: str) -> bool:
+        self._check_open()
+        validate_key(key, tier=self.name)
+        return key in self._index
+
+    async def scan(self) -> list[BlockInfo]:
+        """Every committed block (the index rebuilt from the slot headers at open, plus later commits)."""
+        self._check_open()
+        return [BlockInfo(k, e.nbytes, e.tag) for k, e in self._index.items()]
+
+    def stats(self) -> BackendStats:
+        return BackendStats(
+            tier=self.name,
+            kind=TierKind.NVME,
+            capacity_bytes=self._capacity,
+            used_bytes=self._used,
+            blocks=len(self._index),
+            reserved_bytes=self._reserved,
+            io_path=self._io_path or "O_DIRECT preadv/pwritev",
+            emulated=False,
+            details={
+                **({"granule": self._classes[0]} if len(self._classes) == 1 else {}),
+                "logical_bytes": self._logical,
+                "queue_depth": self._qd,
+                "slot_classes": list(self._classes),
+                "slab_files": [str(s.path) for s in self._slabs],
+                "free_slots": {sb: len(v) for sb, v in self._free.items()},
+                "checksum": self._checksum,
+                "checkpoint_gen": self._checkpoint,
+                "recovered": dict(self._recovered),
+                "poisoned_slots": len(self._poisoned),
+            },
+            **self._counters,
+        )
