@@ -1,0 +1,272 @@
+"""Performance envelope: the backend's throughput next to a raw reference measured in the same run.
+
+Rows are ``{block_bytes, op, gbps, p50_us, p99_us, raw_gbps, ratio, raw_method, count, concurrency}``.
+Throughput is the median over repetitions; latencies are pooled over all of
+them. The raw reference moves the same number of blocks of the same size:
+
+* memory tiers (dram, cxl, hbm without its own reference): single-stream
+  ``memcpy`` (numpy ``copyto``) between buffers spread over the same footprint,
+  against the backend driven by one task (one stream on each side);
+* storage tiers (nvme, pfs): ``O_DIRECT`` ``pwritev``/``preadv`` of aligned
+  buffers on a file in the backend's directory, at the backend's concurrency
+  (buffered, and labelled so, where the filesystem refuses ``O_DIRECT``);
+* anything else: the backend's own :class:`SupportsRawReference`, else none
+  (then the row has no ratio and the backend cannot be CERTIFIED).
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import numpy as np
+
+from tierkv._backend import Backend, TierKind
+
+from ._reference import RawMeasurement, SupportsRawReference
+from ._suite import block_key
+
+__all__ = ["BLOCK_SIZES", "EnvelopeRow", "measure_envelope", "raw_memcpy", "raw_odirect"]
+
+KiB, MiB = 1024, 1024 * 1024
+BLOCK_SIZES = (16 * KiB, 256 * KiB, 2 * MiB)
+_MEMORY = {TierKind.DRAM, TierKind.CXL, TierKind.HBM}
+_STORAGE = {TierKind.NVME, TierKind.PFS}
+
+
+@dataclass(frozen=True, slots=True)
+class EnvelopeRow:
+    block_bytes: int
+    op: str
+    gbps: float
+    p50_us: float
+    p99_us: float
+    raw_gbps: float | None
+    ratio: float | None
+    raw_method: str
+    count: int
+    concurrency: int
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+# ----------------------------------------------------------------------------- raw references
+def raw_memcpy(op: str, block_bytes: int, count: int) -> RawMeasurement:
+    """Single-stream memcpy of ``count`` blocks; write copies one source into a pool of
+    destinations, read copies a pool of sources into one destination."""
+    pool_n = max(1, min(count, (64 * MiB) // max(1, block_bytes)))
+    pool = [np.empty(block_bytes, dtype=np.uint8) for _ in range(pool_n)]
+    one = np.random.default_rng(0).integers(0, 256, block_bytes, dtype=np.uint8)
+    for p in pool:
+        p[:] = one
+    t0 = time.perf_counter()
+    for i in range(count):
+        if op == "write":
+            np.copyto(pool[i % pool_n], one)
+        else:
+            np.copyto(one, pool[i % pool_n])
+    dt = time.perf_counter() - t0
+    return RawMeasurement(block_bytes * count, dt, "memcpy (numpy.copyto, 1 stream)")
+
+
+def raw_odirect(directory: Path, op: str, block_bytes: int, count: int, concurrency: int) -> RawMeasurement:
+    """``count`` pwritev/preadv of ``block_bytes`` on one file in ``directory`` with
+    ``concurrency`` threads; O_DIRECT unless the filesystem refuses it (then
+    buffered + fdatasync, labelled)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f".tierkv-raw-{os.getpid()}-{threading.get_ident()}"
+    slots = max(1, min(count, (256 * MiB) // max(1, block_bytes)))
+    flags = os.O_RDWR | os.O_CREAT
+    method = "O_DIRECT pwritev/preadv"
+    try:
+        fd = os.open(path, flags | getattr(os, "O_DIRECT", 0), 0o600)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        fd = os.open(path, flags, 0o600)
+        method = "buffered pwritev/preadv + fdatasync (O_DIRECT refused by the filesystem)"
+    try:
+        bufs = [mmap.mmap(-1, block_bytes) for _ in range(concurrency)]
+        for b in bufs:
+            b.write(os.urandom(min(block_bytes, 4096)) * (block_bytes // min(block_bytes, 4096)))
+        try:
+            os.pwritev(fd, [bufs[0]], 0)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL or "O_DIRECT" not in method:
+                raise
+            os.close(fd)
+            fd = os.open(path, flags, 0o600)
+            method = "buffered pwritev/preadv + fdatasync (O_DIRECT refused by the filesystem)"
+        if op == "read":  # lay the file out first
+            for s in range(slots):
+                os.pwritev(fd, [bufs[0]], s * block_bytes)
+            os.fsync(fd)
+        next_i = iter(range(count))
+        lock = threading.Lock()
+        errors: list[BaseException] = []
+
+        def worker(w: int) -> None:
+            buf = bufs[w]
+            while True:
+                with lock:
+                    i = next(next_i, None)
+                if i is None:
+                    return
+                off = (i % slots) * block_bytes
+                try:
+                    if op == "write":
+                        os.pwritev(fd, [buf], off)
+                    else:
+                        os.preadv(fd, [buf], off)
+                except BaseException as exc:
+                    errors.append(exc)
+                    return
+
+        threads = [threading.Thread(target=worker, args=(w,)) for w in range(concurrency)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if op == "write" and "buffered" in method:
+            os.fdatasync(fd)
+        dt = time.perf_counter() - t0
+        if errors:
+            raise errors[0]
+        for b in bufs:
+            b.close()
+    finally:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+    return RawMeasurement(block_bytes * count, dt, f"{method}, {concurrency} threads")
+
+
+# ----------------------------------------------------------------------------- backend side
+async def _measure_backend(
+    b: Backend, op: str, block_bytes: int, count: int, concurrency: int, rep: int
+) -> tuple[float, list[float]]:
+    data = np.random.default_rng(rep).integers(0, 256, block_bytes, dtype=np.uint8).tobytes()
+    keys = [block_key("envelope", block_bytes, rep, i) for i in range(count)]
+    lat: list[float] = []
+    it = iter(range(count))
+
+    if op == "read":
+        for k in keys:
+            a = await b.allocate(k, block_bytes)
+            await b.write(a, data)
+
+    async def worker() -> None:
+        into = bytearray(block_bytes)
+        for i in it:
+            t = time.perf_counter()
+            if op == "write":
+                a = await b.allocate(keys[i], block_bytes)
+                await b.write(a, data)
+            else:
+                await b.read(keys[i], into=into)
+            lat.append(time.perf_counter() - t)
+
+    t0 = time.perf_counter()
+    async with anyio.create_task_group() as tg:
+        for _ in range(concurrency):
+            tg.start_soon(worker)
+    dt = time.perf_counter() - t0
+    for k in keys:
+        await b.evict(k)
+    return block_bytes * count / dt / 1e9, lat
+
+
+def storage_dir(options: dict[str, Any], fallback: Path) -> Path:
+    """The directory a storage backend writes to, from its options (path/root/dir/directory)."""
+    for k in ("path", "root", "dir", "directory", "file"):
+        v = options.get(k)
+        if isinstance(v, str) and v:
+            p = Path(v)
+            return p.parent if p.suffix or (p.exists() and p.is_file()) else p
+    return fallback
+
+
+async def measure_envelope(
+    b: Backend,
+    *,
+    options: dict[str, Any],
+    workdir: Path,
+    quick: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> list[EnvelopeRow]:
+    caps = b.capabilities
+    # memory tiers: one stream on each side (the raw memcpy is one stream);
+    # storage and network tiers: the backend's concurrency on both sides
+    concurrency = 1 if caps.tier_kind in _MEMORY else max(1, min(caps.max_concurrency, 32))
+    reps = 1 if quick else 5
+    target = (16 if quick else 128) * MiB
+    rows: list[EnvelopeRow] = []
+    for size in BLOCK_SIZES:
+        if size > caps.max_block_bytes:
+            continue
+        s = b.stats()
+        free = max(0, s.capacity_bytes - s.used_bytes)
+        count = max(32, min(2048, target // size))
+        count = min(count, int(free * 0.8) // size)
+        if count < 4:
+            if progress:
+                progress(f"envelope {size} B: skipped, capacity too small")
+            continue
+        for op in ("write", "read"):
+            gb: list[float] = []
+            lat: list[float] = []
+            raw: list[float] = []
+            method = ""
+            for rep in range(reps):
+                g, l_ = await _measure_backend(b, op, size, count, concurrency, rep)
+                gb.append(g)
+                lat += l_
+                m: RawMeasurement | None
+                if isinstance(b, SupportsRawReference):
+                    m = await b.raw_reference(op, size, count, concurrency)
+                elif caps.tier_kind in _MEMORY:
+                    m = await anyio.to_thread.run_sync(raw_memcpy, op, size, count)
+                elif caps.tier_kind in _STORAGE:
+                    d = storage_dir(options, workdir)
+                    m = await anyio.to_thread.run_sync(raw_odirect, d, op, size, count, concurrency)
+                else:
+                    m = None
+                if m is not None:
+                    raw.append(m.gbps)
+                    method = m.method
+            g_med = statistics.median(gb)
+            raw_med = statistics.median(raw) if raw else None
+            row = EnvelopeRow(
+                block_bytes=size,
+                op=op,
+                gbps=round(g_med, 4),
+                p50_us=round(_pct(lat, 0.5) * 1e6, 1),
+                p99_us=round(_pct(lat, 0.99) * 1e6, 1),
+                raw_gbps=round(raw_med, 4) if raw_med is not None else None,
+                ratio=round(g_med / raw_med, 3) if raw_med else None,
+                raw_method=method or "none (network tier without SupportsRawReference)",
+                count=count,
+                concurrency=concurrency,
+            )
+            rows.append(row)
+            if progress:
+                progress(
+                    f"envelope {size // 1024:>5} KiB {op:<5} {row.gbps:8.3f} GB/s  raw {row.raw_gbps} GB/s  "
+                    f"ratio {row.ratio}  p50 {row.p50_us} us  p99 {row.p99_us} us"
+                )
+    return rows

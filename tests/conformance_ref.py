@@ -1,0 +1,358 @@
+"""Small reference backends used to develop and test the conformance suite.
+
+``RefMemoryBackend`` keeps blocks in a dict; ``RefFileBackend`` stores one file
+per block (temp file + fsync + ``os.replace`` for an atomic commit) and is
+persistent. Both follow the contract of :mod:`tierkv._backend` to the letter so
+that the suite has a known-good subject; the broken variants at the bottom each
+break exactly one rule so that the suite can be shown to catch them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import struct
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+
+from tierkv._backend import (
+    MAX_TAG_BYTES,
+    Allocation,
+    Backend,
+    BackendStats,
+    BlockInfo,
+    Buffer,
+    Capabilities,
+    TierKind,
+    as_byte_view,
+    validate_key,
+)
+from tierkv._errors import (
+    BackendIOError,
+    BlockExistsError,
+    BlockNotFoundError,
+    CapacityError,
+    InputError,
+)
+from tierkv._options import opt_int, opt_size, opt_str, reject_unknown
+
+__all__ = [
+    "LeakyCancelBackend",
+    "RefFileBackend",
+    "RefMemoryBackend",
+    "StaleAfterEvictBackend",
+]
+
+_INLINE_COPY = 4096
+
+
+class RefMemoryBackend(Backend):
+    """In-memory reference backend (exact accounting, atomic commit)."""
+
+    _KNOWN = frozenset({"capacity", "max_block_bytes", "alignment", "max_concurrency"})
+    _KIND = TierKind.DRAM
+    _PERSISTENT = False
+
+    def __init__(self, options: Mapping[str, Any] | None = None, *, name: str = "") -> None:
+        super().__init__(options, name=name or "ref")
+        reject_unknown(self.options, self._KNOWN)
+        self._capacity = opt_size(self.options, "capacity", "64MiB")
+        self._max_block = opt_size(self.options, "max_block_bytes", "32MiB", minimum=1)
+        self._alignment = opt_int(self.options, "alignment", 1, minimum=1)
+        self._max_conc = opt_int(self.options, "max_concurrency", 4, minimum=1)
+        self._blocks: dict[str, tuple[bytes, bytes]] = {}
+        self._pending: dict[str, Allocation] = {}
+        self._used = 0
+        self._reserved = 0
+        self._handles = itertools.count(1)
+        self._counters = {"reads": 0, "writes": 0, "evictions": 0, "bytes_read": 0, "bytes_written": 0}
+        self._limiter = anyio.CapacityLimiter(self._max_conc)
+
+    @classmethod
+    def default_options(cls, workdir: Path) -> dict[str, Any]:
+        return {"capacity": "64MiB"}
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            tier_kind=self._KIND,
+            persistent=self._PERSISTENT,
+            alignment=self._alignment,
+            max_block_bytes=self._max_block,
+            max_concurrency=self._max_conc,
+        )
+
+    # ---------------------------------------------------------------- storage hooks
+    async def _store(self, a: Allocation, mv: memoryview) -> Any:
+        if len(mv) <= _INLINE_COPY:
+            return bytes(mv)
+        return await anyio.to_thread.run_sync(bytes, mv, limiter=self._limiter)
+
+    async def _load(self, key: str, stored: Any) -> bytes:
+        return stored  # type: ignore[no-any-return]
+
+    async def _discard(self, key: str, stored: Any) -> None:
+        return None
+
+    # ------------------------------------------------------------------------ data
+    async def allocate(self, key: str, nbytes: int, *, tag: bytes = b"") -> Allocation:
+        self._check_open()
+        validate_key(key, tier=self.name)
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise InputError(f"[{self.name}] nbytes must be a non-negative int, got {nbytes!r}")
+        if nbytes > self._max_block:
+            raise InputError(f"[{self.name}] {nbytes} bytes exceeds max_block_bytes={self._max_block}")
+        if not isinstance(tag, bytes) or len(tag) > MAX_TAG_BYTES:
+            raise InputError(f"[{self.name}] tag must be bytes of at most {MAX_TAG_BYTES}")
+        if key in self._blocks or key in self._pending:
+            raise BlockExistsError(f"block {key!r} exists", tier=self.name)
+        if self._used + nbytes > self._capacity:
+            raise CapacityError(f"{nbytes} bytes do not fit ({self._used}/{self._capacity} used)", tier=self.name)
+        a = Allocation(key, nbytes, tag, next(self._handles))
+        self._pending[key] = a
+        self._used += nbytes
+        self._reserved += nbytes
+        return a
+
+    def _drop_pending(self, a: Allocation) -> None:
+        if self._pending.get(a.key) is a:
+            del self._pending[a.key]
+            self._used -= a.nbytes
+            self._reserved -= a.nbytes
+
+    async def write(self, allocation: Allocation, data: Buffer) -> None:
+        self._check_open()
+        a = self._pending.get(allocation.key)
+        if a is None or a.handle != allocation.handle:
+            raise BlockNotFoundError(f"no reservation for {allocation.key!r}", tier=self.name)
+        mv = as_byte_view(data)
+        if len(mv) != a.nbytes:
+            raise InputError(f"[{self.name}] write of {len(mv)} bytes into a {a.nbytes}-byte allocation")
+        try:
+            stored = await self._store(a, mv)
+        except BaseException:
+            self._drop_pending(a)
+            raise
+        if self._pending.get(a.key) is not a or self._closed:
+            # evicted (or closed) while the bytes were in flight: nothing becomes visible
+            with anyio.CancelScope(shield=True):
+                await self._discard(a.key, stored)
+            raise BlockNotFoundError(f"reservation for {a.key!r} was dropped during write", tier=self.name)
+        del self._pending[a.key]
+        self._reserved -= a.nbytes
+        self._blocks[a.key] = (stored, a.tag)
+        self._counters["writes"] += 1
+        self._counters["bytes_written"] += a.nbytes
+
+    def _size_of(self, stored: Any) -> int:
+        return len(stored)
+
+    async def read(self, key: str, *, into: Buffer | None = None) -> memoryview:
+        self._check_open()
+        validate_key(key, tier=self.name)
+        entry = self._blocks.get(key)
+        if entry is None:
+            raise BlockNotFoundError(f"no block {key!r}", tier=self.name)
+        n = self._size_of(entry[0])
+        out: memoryview | None = None
+        if into is not None:
+            out = as_byte_view(into, writable=True, what="into")
+            if len(out) < n:
+                raise InputError(f"[{self.name}] into holds {len(out)} bytes, block has {n}")
+        raw = await self._load(key, entry[0])
+        self._counters["reads"] += 1
+        self._counters["bytes_read"] += n
+        if out is not None:
+            out[:n] = raw
+            return out[:n]
+        return memoryview(bytearray(raw))
+
+    async def evict(self, key: str) -> bool:
+        self._check_open()
+        validate_key(key, tier=self.name)
+        a = self._pending.get(key)
+        if a is not None:
+            self._drop_pending(a)
+            return True
+        entry = self._blocks.pop(key, None)
+        if entry is None:
+            return False
+        self._used -= self._size_of(entry[0])
+        self._counters["evictions"] += 1
+        with anyio.CancelScope(shield=True):
+            await self._discard(key, entry[0])
+        return True
+
+    async def contains(self, key: str) -> bool:
+        self._check_open()
+        validate_key(key, tier=self.name)
+        return key in self._blocks
+
+    async def _close(self) -> None:
+        self._pending.clear()
+        self._used -= self._reserved
+        self._reserved = 0
+
+    def stats(self) -> BackendStats:
+        return BackendStats(
+            tier=self.name,
+            kind=self._KIND,
+            capacity_bytes=self._capacity,
+            used_bytes=self._used,
+            blocks=len(self._blocks),
+            reserved_bytes=self._reserved,
+            io_path="memcpy",
+            **self._counters,
+        )
+
+
+class RefFileBackend(RefMemoryBackend):
+    """Persistent reference backend: one file per block under ``path``.
+
+    File layout: ``u32 tag length | tag | data``; a commit is temp file + fsync +
+    ``os.replace`` + directory fsync, so a block is either whole or absent.
+    """
+
+    _KNOWN = RefMemoryBackend._KNOWN | {"path"}
+    _KIND = TierKind.NVME
+    _PERSISTENT = True
+
+    def __init__(self, options: Mapping[str, Any] | None = None, *, name: str = "") -> None:
+        super().__init__(options, name=name or "reffile")
+        self._dir = Path(opt_str(self.options, "path"))
+
+    @classmethod
+    def default_options(cls, workdir: Path) -> dict[str, Any]:
+        return {"capacity": "64MiB", "path": str(workdir / "reffile")}
+
+    async def _open(self) -> None:
+        def scan() -> dict[str, tuple[int, bytes]]:
+            self._dir.mkdir(parents=True, exist_ok=True)
+            found: dict[str, tuple[int, bytes]] = {}
+            for p in self._dir.iterdir():
+                if p.name.endswith(".tmp"):
+                    p.unlink(missing_ok=True)
+                elif p.name.endswith(".blk"):
+                    with p.open("rb") as f:
+                        (tl,) = struct.unpack("<I", f.read(4))
+                        tag = f.read(tl)
+                    found[p.name[:-4]] = (p.stat().st_size - 4 - tl, tag)
+            return found
+
+        try:
+            found = await anyio.to_thread.run_sync(scan)
+        except OSError as exc:
+            raise BackendIOError(f"cannot open {self._dir}: {exc}", tier=self.name) from exc
+        for key, (n, tag) in found.items():
+            self._blocks[key] = (n, tag)
+            self._used += n
+
+    def _size_of(self, stored: Any) -> int:
+        return int(stored)
+
+    async def _store(self, a: Allocation, mv: memoryview) -> Any:
+        final = self._dir / f"{a.key}.blk"
+        tmp = self._dir / f"{a.key}.{a.handle}.tmp"
+
+        def do() -> None:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, struct.pack("<I", len(a.tag)) + a.tag)
+                view = mv
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, final)
+            dfd = os.open(self._dir, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+
+        try:
+            await anyio.to_thread.run_sync(do, limiter=self._limiter)
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(lambda: (tmp.unlink(missing_ok=True), final.unlink(missing_ok=True)))
+            if isinstance(exc, OSError):
+                raise BackendIOError(f"write {a.key!r} failed: {exc}", tier=self.name) from exc
+            raise
+        return a.nbytes
+
+    async def _load(self, key: str, stored: Any) -> bytes:
+        def do() -> bytes:
+            with (self._dir / f"{key}.blk").open("rb") as f:
+                (tl,) = struct.unpack("<I", f.read(4))
+                f.seek(4 + tl)
+                return f.read()
+
+        try:
+            return await anyio.to_thread.run_sync(do, limiter=self._limiter)
+        except FileNotFoundError as exc:
+            raise BlockNotFoundError(f"block {key!r} vanished", tier=self.name) from exc
+        except OSError as exc:
+            raise BackendIOError(f"read {key!r} failed: {exc}", tier=self.name) from exc
+
+    async def _discard(self, key: str, stored: Any) -> None:
+        try:
+            await anyio.to_thread.run_sync((self._dir / f"{key}.blk").unlink, True)
+        except OSError as exc:
+            raise BackendIOError(f"evict {key!r} failed: {exc}", tier=self.name) from exc
+
+    async def scan(self) -> list[BlockInfo]:
+        self._check_open()
+        return [BlockInfo(k, int(n), tag) for k, (n, tag) in self._blocks.items()]
+
+    def stats(self) -> BackendStats:
+        s = super().stats()
+        return BackendStats(**{**{f: getattr(s, f) for f in s.__dataclass_fields__}, "io_path": "buffered write+fsync"})
+
+
+# --------------------------------------------------------------------------- broken on purpose
+class StaleAfterEvictBackend(RefMemoryBackend):
+    """BROKEN: keeps a read cache that ``evict`` forgets to invalidate."""
+
+    def __init__(self, options: Mapping[str, Any] | None = None, *, name: str = "") -> None:
+        super().__init__(options, name=name or "stale")
+        self._cache: dict[str, bytes] = {}
+
+    async def read(self, key: str, *, into: Buffer | None = None) -> memoryview:
+        self._check_open()
+        if key in self._cache:
+            raw = self._cache[key]
+            if into is not None:
+                out = as_byte_view(into, writable=True)
+                out[: len(raw)] = raw
+                return out[: len(raw)]
+            return memoryview(bytearray(raw))
+        mv = await super().read(key, into=into)
+        self._cache[key] = bytes(mv)
+        return mv
+
+    async def contains(self, key: str) -> bool:
+        return await super().contains(key) or key in self._cache
+
+
+class LeakyCancelBackend(RefMemoryBackend):
+    """BROKEN: a write cancelled (or failed) while the copy runs keeps its reservation."""
+
+    async def write(self, allocation: Allocation, data: Buffer) -> None:
+        self._check_open()
+        a = self._pending.get(allocation.key)
+        if a is None or a.handle != allocation.handle:
+            raise BlockNotFoundError(f"no reservation for {allocation.key!r}", tier=self.name)
+        mv = as_byte_view(data)
+        if len(mv) != a.nbytes:
+            raise InputError("wrong length")
+        await anyio.lowlevel.checkpoint()  # a checkpoint where cancellation lands; the reservation is never dropped
+        stored = await anyio.to_thread.run_sync(bytes, mv)
+        del self._pending[a.key]
+        self._reserved -= a.nbytes
+        self._blocks[a.key] = (stored, a.tag)
