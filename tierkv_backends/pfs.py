@@ -476,10 +476,13 @@ class PfsBackend(Backend):
             digest: str = await self._thread(lambda: hashlib.sha256(src).hexdigest())
             while digest in self._deleting:  # the last key of this content is being evicted
                 await self._deleting[digest].wait()
+            if res.dropped:  # evicted while hashing: its bytes were already released by evict
+                raise BlockNotFoundError(f"reservation for {key!r} was evicted during the write", tier=self.name)
             self._ref(digest, res.nbytes)  # claim: eviction of other keys keeps the file
             sha = digest
-            self._reserved_bytes -= res.nbytes  # now counted as physical (or shared)
-            res.counted = False
+            if res.counted:
+                self._reserved_bytes -= res.nbytes  # now counted as physical (or shared)
+                res.counted = False
             published = True  # from here a cancelled write may have published the record
             await self._thread(self._publish, key, digest, src, res.tag)
             await anyio.lowlevel.checkpoint_if_cancelled()
