@@ -310,7 +310,10 @@ class Backend(ABC):
 
         ``tag`` (at most :data:`MAX_TAG_BYTES` bytes) is stored with the block and
         returned by ``scan``. Capacity accounting is exact: the reservation counts
-        in ``used_bytes`` until it is written or dropped by :meth:`evict`.
+        in ``used_bytes`` until it is written or dropped by :meth:`evict`, and
+        evicting it returns ``used_bytes`` to its previous value. A backend that
+        allocates in units of a granule (pages, slots) counts ``nbytes`` rounded
+        up to it and declares it as ``stats().details["granule"]``.
 
         Raises:
             InputError: invalid key, negative ``nbytes``, ``nbytes`` above
@@ -326,7 +329,8 @@ class Backend(ABC):
 
         On return the block is visible to :meth:`read` (and durable, for
         persistent backends). If the write fails or is cancelled, nothing is
-        visible under the key and the reservation is released.
+        visible under the key and the reservation is released (also when
+        ``data`` is rejected for its length: allocate again to retry).
 
         Raises:
             InputError: ``data`` has the wrong length or is not a contiguous buffer.
