@@ -1,15 +1,21 @@
 """Performance envelope: the backend's throughput next to a raw reference measured in the same run.
 
 Rows are ``{block_bytes, op, gbps, p50_us, p99_us, raw_gbps, ratio, raw_method, count, concurrency}``.
-Throughput is the median over repetitions; latencies are pooled over all of
-them. The raw reference moves the same number of blocks of the same size:
+Throughput is measured through the batch twins (``allocate_many`` +
+``write_many``, ``read_many`` into caller buffers; batches of up to
+:data:`BATCH_BYTES`), as an engine moves a request's blocks; ``p50_us`` and
+``p99_us`` are single-operation latencies. Throughput is the median over
+repetitions; latencies are pooled over all of them. The raw reference moves
+the same number of blocks of the same size:
 
 * memory tiers (dram, cxl, hbm without its own reference): single-stream
   ``memcpy`` (numpy ``copyto``) between buffers spread over the same footprint,
   against the backend driven by one task (one stream on each side);
 * storage tiers (nvme, pfs): ``O_DIRECT`` ``pwritev``/``preadv`` of aligned
   buffers on a file in the backend's directory, at the backend's concurrency
-  (buffered, and labelled so, where the filesystem refuses ``O_DIRECT``);
+  (buffered, and labelled so, where the filesystem refuses ``O_DIRECT``); for
+  a persistent backend the writes are made durable too (``fdatasync`` once per
+  batch of the same size), since its ``write`` returns only once durable;
 * anything else: the backend's own :class:`SupportsRawReference`, else none
   (then the row has no ratio and the backend cannot be CERTIFIED).
 """
@@ -84,10 +90,14 @@ def raw_memcpy(op: str, block_bytes: int, count: int) -> RawMeasurement:
     return RawMeasurement(block_bytes * count, dt, "memcpy (numpy.copyto, 1 stream)")
 
 
-def raw_odirect(directory: Path, op: str, block_bytes: int, count: int, concurrency: int) -> RawMeasurement:
+def raw_odirect(
+    directory: Path, op: str, block_bytes: int, count: int, concurrency: int, sync_every: int = 0
+) -> RawMeasurement:
     """``count`` pwritev/preadv of ``block_bytes`` on one file in ``directory`` with
     ``concurrency`` threads; O_DIRECT unless the filesystem refuses it (then
-    buffered + fdatasync, labelled)."""
+    buffered + fdatasync, labelled). With ``sync_every`` > 0 each writer calls
+    ``fdatasync`` after every ``sync_every`` blocks and at its end: the
+    reference for a persistent backend, whose writes are durable on return."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f".tierkv-raw-{os.getpid()}-{threading.get_ident()}"
     slots = max(1, min(count, (256 * MiB) // max(1, block_bytes)))
@@ -122,15 +132,21 @@ def raw_odirect(directory: Path, op: str, block_bytes: int, count: int, concurre
 
         def worker(w: int) -> None:
             buf = bufs[w]
+            done = 0
             while True:
                 with lock:
                     i = next(next_i, None)
-                if i is None:
-                    return
-                off = (i % slots) * block_bytes
                 try:
+                    if i is None:
+                        if op == "write" and sync_every and done % sync_every:
+                            os.fdatasync(fd)
+                        return
+                    off = (i % slots) * block_bytes
                     if op == "write":
                         os.pwritev(fd, [buf], off)
+                        done += 1
+                        if sync_every and done % sync_every == 0:
+                            os.fdatasync(fd)
                     else:
                         os.preadv(fd, [buf], off)
                 except BaseException as exc:
@@ -153,41 +169,66 @@ def raw_odirect(directory: Path, op: str, block_bytes: int, count: int, concurre
     finally:
         os.close(fd)
         path.unlink(missing_ok=True)
-    return RawMeasurement(block_bytes * count, dt, f"{method}, {concurrency} threads")
+    sync = f", fdatasync every {sync_every} blocks" if op == "write" and sync_every else ""
+    return RawMeasurement(block_bytes * count, dt, f"{method}{sync}, {concurrency} threads")
 
 
 # ----------------------------------------------------------------------------- backend side
+#: Bytes per batch call when measuring throughput (an engine moves a request's
+#: blocks in one batch call).
+BATCH_BYTES = 8 * MiB
+#: Single-operation samples per (size, op, repetition) for the latency columns.
+LATENCY_SAMPLES = 16
+
+
+def batch_blocks(block_bytes: int, count: int) -> int:
+    return max(1, min(count, BATCH_BYTES // max(1, block_bytes)))
+
+
 async def _measure_backend(
     b: Backend, op: str, block_bytes: int, count: int, concurrency: int, rep: int
 ) -> tuple[float, list[float]]:
+    """Throughput of ``count`` blocks moved with the batch twins by ``concurrency``
+    tasks, plus single-operation latencies (allocate+write, or read into a buffer)."""
     data = np.random.default_rng(rep).integers(0, 256, block_bytes, dtype=np.uint8).tobytes()
     keys = [block_key("envelope", block_bytes, rep, i) for i in range(count)]
-    lat: list[float] = []
-    it = iter(range(count))
+    per = batch_blocks(block_bytes, count)
+    batches = iter([keys[i : i + per] for i in range(0, count, per)])
 
     if op == "read":
-        for k in keys:
-            a = await b.allocate(k, block_bytes)
-            await b.write(a, data)
+        for i in range(0, count, per):
+            part = keys[i : i + per]
+            allocs = await b.allocate_many([(k, block_bytes, b"") for k in part])
+            await b.write_many(allocs, [data] * len(part))
 
     async def worker() -> None:
-        into = bytearray(block_bytes)
-        for i in it:
-            t = time.perf_counter()
+        intos = [bytearray(block_bytes) for _ in range(per)]
+        for part in batches:
             if op == "write":
-                a = await b.allocate(keys[i], block_bytes)
-                await b.write(a, data)
+                allocs = await b.allocate_many([(k, block_bytes, b"") for k in part])
+                await b.write_many(allocs, [data] * len(part))
             else:
-                await b.read(keys[i], into=into)
-            lat.append(time.perf_counter() - t)
+                await b.read_many(part, into=intos[: len(part)])
 
     t0 = time.perf_counter()
     async with anyio.create_task_group() as tg:
         for _ in range(concurrency):
             tg.start_soon(worker)
     dt = time.perf_counter() - t0
-    for k in keys:
-        await b.evict(k)
+    lat: list[float] = []
+    into = bytearray(block_bytes)
+    samples = keys[: min(LATENCY_SAMPLES, count)]
+    if op == "write":
+        await b.evict_many(samples)
+    for k in samples:
+        t = time.perf_counter()
+        if op == "write":
+            a = await b.allocate(k, block_bytes)
+            await b.write(a, data)
+        else:
+            await b.read(k, into=into)
+        lat.append(time.perf_counter() - t)
+    await b.evict_many(keys)
     return block_bytes * count / dt / 1e9, lat
 
 
@@ -221,8 +262,11 @@ async def measure_envelope(
             continue
         s = b.stats()
         free = max(0, s.capacity_bytes - s.used_bytes)
+        granule = s.details.get("granule", 1)
+        granule = granule if isinstance(granule, int) and granule > 0 else 1
+        footprint = -(-size // granule) * granule
         count = max(32, min(2048, target // size))
-        count = min(count, int(free * 0.8) // size)
+        count = min(count, int(free * 0.8) // footprint)
         if count < 4:
             if progress:
                 progress(f"envelope {size} B: skipped, capacity too small")
@@ -243,7 +287,8 @@ async def measure_envelope(
                     m = await anyio.to_thread.run_sync(raw_memcpy, op, size, count)
                 elif caps.tier_kind in _STORAGE:
                     d = storage_dir(options, workdir)
-                    m = await anyio.to_thread.run_sync(raw_odirect, d, op, size, count, concurrency)
+                    sync_every = batch_blocks(size, count) if caps.persistent else 0
+                    m = await anyio.to_thread.run_sync(raw_odirect, d, op, size, count, concurrency, sync_every)
                 else:
                     m = None
                 if m is not None:
