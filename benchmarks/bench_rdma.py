@@ -1,0 +1,105 @@
+"""Envelope of the ``rdma`` backend against the raw Mooncake client, same run, same loopback.
+
+Starts a private ``mooncake_master`` on 127.0.0.1, opens one RdmaBackend
+(protocol auto: TCP here, which stands in for RDMA) and, for 1 MiB and 4 MiB
+blocks, interleaves rounds of
+
+* tierkv: ``allocate`` + ``write`` of ``--blocks`` distinct blocks, then
+  ``read(into=...)`` of each (one block per call, header + checksum verified);
+* raw: ``RdmaBackend.raw_reference`` (the same client and registered arena,
+  ``batch_put_from`` / ``batch_get_into`` of one block per call, no header,
+  no checksum, no copy, no thread hop per call).
+
+Prints medians over ``--rounds`` rounds and the ratio tierkv / raw (target >= 0.9).
+Usage: ``python benchmarks/bench_rdma.py [--rounds 7] [--blocks 24] [--json out.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+
+from tierkv_backends.rdma import RdmaBackend
+
+
+async def _tierkv_round(b: RdmaBackend, size: int, blocks: int, rnd: int) -> tuple[float, float]:
+    rng = np.random.default_rng(rnd + 1)
+    data = [rng.integers(0, 256, size, dtype=np.uint8) for _ in range(blocks)]
+    keys = [f"bench{size}r{rnd + 1}b{i}" for i in range(blocks)]
+    w: list[float] = []
+    for k, d in zip(keys, data, strict=True):
+        t0 = time.perf_counter()
+        a = await b.allocate(k, size)
+        await b.write(a, d)
+        w.append(size / (time.perf_counter() - t0) / 1e9)
+    out = np.empty(size, dtype=np.uint8)
+    r: list[float] = []
+    for k, d in zip(keys, data, strict=True):
+        t0 = time.perf_counter()
+        await b.read(k, into=out)
+        r.append(size / (time.perf_counter() - t0) / 1e9)
+        if not np.array_equal(out, d):
+            raise SystemExit(f"wrong bytes for {k}")
+    await b.evict_many(keys)
+    return statistics.median(w), statistics.median(r)
+
+
+async def run(rounds: int, blocks: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-rdma-") as tmp:
+        opts = RdmaBackend.default_options(Path(tmp))
+        b = await RdmaBackend.open(opts, name="rdma")
+        try:
+            st = b.stats()
+            result: dict[str, Any] = {"io_path": st.io_path, "emulated": st.emulated, "sizes": {}}
+            for size in (1 << 20, 4 << 20):
+                tw, tr, rw, rr = [], [], [], []
+                await _tierkv_round(b, size, min(blocks, 4), -1)  # warm-up
+                for rnd in range(rounds):
+                    w, r = await _tierkv_round(b, size, blocks, rnd)
+                    tw.append(w)
+                    tr.append(r)
+                    rw.append(await b.raw_reference(size, "write", blocks))
+                    rr.append(await b.raw_reference(size, "read", blocks))
+                row = {
+                    "tierkv_write_gbps": statistics.median(tw),
+                    "raw_write_gbps": statistics.median(rw),
+                    "tierkv_read_gbps": statistics.median(tr),
+                    "raw_read_gbps": statistics.median(rr),
+                }
+                row["write_ratio"] = row["tierkv_write_gbps"] / row["raw_write_gbps"]
+                row["read_ratio"] = row["tierkv_read_gbps"] / row["raw_read_gbps"]
+                result["sizes"][f"{size >> 20}MiB"] = row
+            return result
+        finally:
+            await b.aclose()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--blocks", type=int, default=24)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    res = anyio.run(run, args.rounds, args.blocks)
+    print(f"io_path={res['io_path']} emulated={res['emulated']} (medians of {args.rounds} rounds, GB/s)")
+    print(f"{'block':>6} {'op':>5} {'tierkv':>8} {'raw':>8} {'ratio':>6}")
+    for size, row in res["sizes"].items():
+        for op in ("write", "read"):
+            t, r = row[f"tierkv_{op}_gbps"], row[f"raw_{op}_gbps"]
+            print(f"{size:>6} {op:>5} {t:8.2f} {r:8.2f} {t / r:6.2f}")
+    if args.json:
+        args.json.write_text(json.dumps(res, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

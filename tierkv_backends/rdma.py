@@ -1,0 +1,913 @@
+"""The ``rdma`` tier: a shared network pool on Mooncake Store.
+
+Blocks are Mooncake objects written with ``batch_put_from`` and read with
+``batch_get_into`` from one registered staging arena (the transfer engine
+moves bytes straight from/to it: over RDMA where a device exists, over TCP
+otherwise). Each object is ``header(32 B) + tag + payload``; the header holds
+a magic, the format version, the checksum algorithm, the tag length, a CRC of
+the full object key, the payload length and a 64-bit checksum of tag+payload.
+A read verifies all of it, so a block Mooncake evicted, replaced or tore is a
+miss or an :class:`~tierkv.IntegrityError`, never wrong bytes.
+
+Keys are namespaced: ``tierkv/<namespace>/<key>``; the core passes a scope
+digest as ``namespace`` so models and tenants never collide in a shared pool.
+
+Contract notes (see :mod:`tierkv._backend` for the shared contract):
+
+* Every blocking client call runs in a worker thread (``anyio.to_thread``,
+  limiter of ``max_concurrency``) under a deadline of ``timeout`` seconds; a
+  call that does not return in time (master or peer gone) raises
+  :class:`~tierkv.BackendIOError` and the worker thread is abandoned; the
+  staging memory it holds is released by the thread itself when it returns, and
+  a put that completes after its caller gave up is removed again.
+* Accounting (``used_bytes``, ``blocks``) is this client's view of the blocks
+  *it* committed; the pool is shared, so other processes' blocks are readable
+  (``read``/``contains``) but not counted. A committed block that Mooncake
+  dropped on its own (pressure eviction, master restart, peer loss) is reported
+  as :class:`~tierkv.BlockNotFoundError` and counted in
+  ``stats().details["evicted_remotely"]``.
+* ``evict`` removes with ``remove(force=False)`` first; an object under a read
+  lease (``OBJECT_HAS_LEASE``, -706) is then removed with ``force=True``
+  (``force_evict``, default) or retried until ``timeout``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import mmap
+import re
+import statistics
+import struct
+import threading
+import time
+import types
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+import numpy as np
+
+from tierkv._backend import (
+    MAX_TAG_BYTES,
+    Allocation,
+    Availability,
+    Backend,
+    BackendStats,
+    Buffer,
+    Capabilities,
+    TierKind,
+    as_byte_view,
+    validate_key,
+)
+from tierkv._errors import (
+    BackendError,
+    BackendIOError,
+    BlockExistsError,
+    BlockNotFoundError,
+    CapacityError,
+    ConfigError,
+    InputError,
+    IntegrityError,
+    PluginUnavailableError,
+)
+from tierkv._options import opt_bool, opt_choice, opt_float, opt_int, opt_size, opt_str, reject_unknown
+
+from ._mooncake import MasterProcess, MasterStartError, code_name, translate
+
+__all__ = ["HEADER_BYTES", "RdmaBackend"]
+
+T = TypeVar("T")
+
+#: Bytes of the per-object header.
+HEADER_BYTES = 32
+_HEADER = struct.Struct("<4sBBHIQQ4x")
+_MAGIC = b"TKVR"
+_VERSION = 1
+_ALGO_XXH3 = 1
+_ALGO_CRC32 = 2
+_ALGO_NAMES = {"xxh3": _ALGO_XXH3, "crc32": _ALGO_CRC32}
+_ALIGN = 64
+_NS_RE = re.compile(r"^[0-9A-Za-z._-]{1,128}$")
+_NOT_FOUND = (-703, -704, -707, -710, -712)
+_INSTALL_HINT = "pip install 'tierkv[rdma]' (mooncake-transfer-engine-non-cuda; apt install libibverbs1)"
+
+_KNOWN = frozenset(
+    {
+        "master",
+        "start_master",
+        "master_log_dir",
+        "metadata",
+        "metadata_server",
+        "local_hostname",
+        "global_segment_size",
+        "local_buffer_size",
+        "staging_bytes",
+        "capacity",
+        "protocol",
+        "devices",
+        "namespace",
+        "max_concurrency",
+        "timeout",
+        "force_evict",
+        "checksum",
+        "lease_ttl_ms",
+    }
+)
+
+
+# ------------------------------------------------------------------ checksum
+def _checksum(algo: int, region: memoryview) -> int:
+    if algo == _ALGO_XXH3:
+        import xxhash
+
+        return int(xxhash.xxh3_64_intdigest(region))
+    return zlib.crc32(region)
+
+
+def _xxhash_available() -> bool:
+    try:
+        import xxhash  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# --------------------------------------------------------------- staging arena
+class _Staging:
+    """A page-aligned anonymous mapping registered with Mooncake, carved first-fit.
+
+    Thread-safe: worker threads allocate (all slots of a batch at once, so no
+    holder ever waits while holding) and free; waiting is bounded by a deadline.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        self.array = np.frombuffer(self._map, dtype=np.uint8)
+        self.view = memoryview(self._map)
+        self.ptr = int(self.array.ctypes.data)
+        self._free: list[tuple[int, int]] = [(0, size)]
+        self._cv = threading.Condition()
+
+    @staticmethod
+    def _round(n: int) -> int:
+        return max(_ALIGN, (n + _ALIGN - 1) // _ALIGN * _ALIGN)
+
+    def _try(self, sizes: Sequence[int]) -> list[int] | None:
+        free = list(self._free)
+        offs: list[int] = []
+        for n in sizes:
+            need = self._round(n)
+            for i, (off, ln) in enumerate(free):
+                if ln >= need:
+                    offs.append(off)
+                    free[i] = (off + need, ln - need)
+                    break
+            else:
+                return None
+        self._free = [f for f in free if f[1] > 0]
+        return offs
+
+    def alloc_many(self, sizes: Sequence[int], deadline: float) -> list[int]:
+        with self._cv:
+            while True:
+                offs = self._try(sizes)
+                if offs is not None:
+                    return offs
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("staging arena exhausted")
+                self._cv.wait(min(left, 0.5))
+
+    def free_many(self, offs: Sequence[int], sizes: Sequence[int]) -> None:
+        with self._cv:
+            spans = sorted([*self._free, *((o, self._round(n)) for o, n in zip(offs, sizes, strict=True))])
+            merged: list[tuple[int, int]] = []
+            for off, ln in spans:
+                if merged and merged[-1][0] + merged[-1][1] == off:
+                    merged[-1] = (merged[-1][0], merged[-1][1] + ln)
+                else:
+                    merged.append((off, ln))
+            self._free = merged
+            self._cv.notify_all()
+
+    def close(self) -> None:
+        self.view.release()
+        del self.array
+        with contextlib.suppress(BufferError):
+            self._map.close()
+
+
+@dataclass(frozen=True, slots=True)
+class _Got:
+    """Outcome of reading one object in a worker thread."""
+
+    code: int = 0  # 0 ok, negative Mooncake code
+    data: memoryview | None = None
+    integrity: str = ""  # non-empty: verification failed (object quarantined)
+    too_small: int = -1  # >= 0: ``into`` was too small for a block of this size
+
+
+def _chunks(sizes: Sequence[int], budget: int) -> list[range]:
+    out: list[range] = []
+    start = 0
+    total = 0
+    for i, n in enumerate(sizes):
+        if i > start and total + n > budget:
+            out.append(range(start, i))
+            start, total = i, 0
+        total += n
+    if start < len(sizes):
+        out.append(range(start, len(sizes)))
+    return out
+
+
+class RdmaBackend(Backend):
+    """Tier backend on Mooncake Store (see the module docstring).
+
+    Options (all optional with ``start_master``):
+        master: ``"host:port"`` of ``mooncake_master``.
+        start_master: start a private master on 127.0.0.1 (free ports) for the
+            backend's lifetime (``tierkv certify rdma`` uses this).
+        master_log_dir: where that master's log goes (kept if it fails).
+        metadata: ``"p2p"`` (Mooncake's P2PHANDSHAKE, default) or ``"http"``.
+        metadata_server: HTTP metadata URL (``metadata="http"`` without
+            ``start_master``).
+        local_hostname: this client's address for the transfer engine (127.0.0.1).
+        global_segment_size: memory this client contributes to the pool (512MiB).
+        local_buffer_size: Mooncake's own client buffer (16MiB).
+        staging_bytes: the registered staging arena (64MiB); caps
+            ``max_block_bytes`` and the bytes in flight.
+        capacity: the bytes this client may reserve (half of global_segment_size).
+        protocol: ``"auto"`` (rdma when a device is found, else tcp), ``"rdma"``, ``"tcp"``.
+        devices: ``"auto"`` or a comma-separated list of RDMA device names.
+        namespace: key prefix isolating models and tenants (``"default"``).
+        max_concurrency: worker threads (4).
+        timeout: seconds bounding every client call (30).
+        force_evict: force-remove objects under a read lease (true).
+        checksum: ``"xxh3"`` (default when xxhash is installed) or ``"crc32"``.
+        lease_ttl_ms: lease TTL for a master started by ``start_master`` (10000).
+    """
+
+    def __init__(self, options: Mapping[str, Any] | None = None, *, name: str = "") -> None:
+        super().__init__(options, name=name or "rdma")
+        o = self.options
+        reject_unknown(o, _KNOWN)
+        self._start_master = opt_bool(o, "start_master", False)
+        self._master_addr = "" if self._start_master else opt_str(o, "master", None)
+        if self._start_master and "master" in o:
+            raise ConfigError("master", o["master"], "not set together with start_master=true")
+        self._master_log_dir = Path(opt_str(o, "master_log_dir", "/tmp/tierkv-mooncake"))
+        self._metadata = opt_choice(o, "metadata", ("p2p", "http"), "p2p")
+        self._metadata_server = ""
+        if self._metadata == "http" and not self._start_master:
+            self._metadata_server = opt_str(o, "metadata_server", None)
+        self._local_hostname = opt_str(o, "local_hostname", "127.0.0.1")
+        self._segment = opt_size(o, "global_segment_size", "512MiB", minimum=1 << 20)
+        self._local_buffer = opt_size(o, "local_buffer_size", "16MiB", minimum=1 << 20)
+        self._staging_bytes = opt_size(o, "staging_bytes", "64MiB", minimum=1 << 20, maximum=1 << 40)
+        self._capacity = opt_size(o, "capacity", self._segment // 2)
+        self._protocol_opt = opt_choice(o, "protocol", ("auto", "rdma", "tcp"), "auto")
+        self._devices_opt = opt_str(o, "devices", "auto")
+        self._namespace = opt_str(o, "namespace", "default")
+        if not _NS_RE.match(self._namespace):
+            raise ConfigError("namespace", self._namespace, "1-128 characters from [0-9A-Za-z._-]")
+        self._max_conc = opt_int(o, "max_concurrency", 4, minimum=1, maximum=256)
+        self._timeout = opt_float(o, "timeout", 30.0, minimum=0.1, maximum=3600.0)
+        self._force_evict = opt_bool(o, "force_evict", True)
+        default_ck = "xxh3" if _xxhash_available() else "crc32"
+        self._algo = _ALGO_NAMES[opt_choice(o, "checksum", ("xxh3", "crc32"), default_ck)]
+        if self._algo == _ALGO_XXH3 and not _xxhash_available():
+            raise ConfigError("checksum", "xxh3", "'crc32' (xxh3 needs the xxhash package)")
+        self._lease_ttl = opt_int(o, "lease_ttl_ms", 10_000, minimum=100)
+        self._max_block = self._staging_bytes // 2 - HEADER_BYTES - MAX_TAG_BYTES - _ALIGN
+
+        self._limiter = anyio.CapacityLimiter(self._max_conc)
+        self._store: Any = None
+        self._staging: _Staging | None = None
+        self._master: MasterProcess | None = None
+        self._protocol = "tcp"
+        self._devices: list[str] = []
+        self._discovery: dict[str, Any] = {}
+        self._pending: dict[str, Allocation] = {}
+        self._committed: dict[str, tuple[int, int]] = {}  # key -> (nbytes, tag length)
+        self._used = 0
+        self._reserved = 0
+        self._handles = itertools.count(1)
+        self._c = {
+            "reads": 0,
+            "writes": 0,
+            "evictions": 0,
+            "bytes_read": 0,
+            "bytes_written": 0,
+            "evicted_remotely": 0,
+            "integrity_failures": 0,
+            "lease_conflicts": 0,
+            "timeouts": 0,
+            "misses": 0,
+        }
+
+    # ---------------------------------------------------------------- declaration
+    @classmethod
+    def probe(cls) -> Availability:
+        try:
+            import mooncake.store  # noqa: F401
+        except ImportError as exc:
+            return Availability(False, f"Mooncake Store is not importable: {exc}", _INSTALL_HINT)
+        from ._mooncake import find_master_binary
+
+        if find_master_binary() is None:
+            return Availability(True, "mooncake_master not found: only an external master can be used")
+        return Availability(True)
+
+    @classmethod
+    def default_options(cls, workdir: Path) -> dict[str, Any]:
+        avail = cls.probe()
+        if not avail.usable:
+            raise PluginUnavailableError(avail.reason, group="tierkv.backends", name="rdma", hint=avail.hint)
+        return {
+            "start_master": True,
+            "master_log_dir": str(workdir / "mooncake"),
+            "global_segment_size": "1GiB",
+            "capacity": "256MiB",
+            "staging_bytes": "128MiB",
+            "protocol": "auto",
+        }
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            tier_kind=TierKind.RDMA,
+            persistent=False,
+            shared=True,
+            alignment=1,
+            max_block_bytes=self._max_block,
+            max_concurrency=self._max_conc,
+            envelope_threshold=0.9,
+        )
+
+    @property
+    def namespace(self) -> str:
+        return self._namespace
+
+    @property
+    def master_address(self) -> str:
+        """The master this backend talks to (known after ``open``)."""
+        return self._master_addr
+
+    # ------------------------------------------------------------------ lifecycle
+    async def _open(self) -> None:
+        try:
+            from mooncake.store import MooncakeDistributedStore
+        except ImportError as exc:
+            raise PluginUnavailableError(
+                f"Mooncake Store is not importable: {exc}", group="tierkv.backends", name="rdma", hint=_INSTALL_HINT
+            ) from exc
+        from ._verbs import choose_devices, discover
+
+        found = await anyio.to_thread.run_sync(discover)
+        self._discovery = found.as_dict()
+        if self._devices_opt == "auto":
+            self._devices = choose_devices(found.devices)
+        else:
+            self._devices = [d.strip() for d in self._devices_opt.split(",") if d.strip()]
+        if self._protocol_opt == "auto":
+            self._protocol = "rdma" if self._devices else "tcp"
+        else:
+            self._protocol = self._protocol_opt
+        if self._protocol == "rdma" and not self._devices:
+            raise PluginUnavailableError(
+                f"protocol 'rdma' requested but {found.summary()}",
+                group="tierkv.backends",
+                name="rdma",
+                hint="use protocol='tcp' (emulation) or 'auto' on a machine without RDMA",
+            )
+        try:
+            if self._start_master:
+                self._master = MasterProcess(
+                    log_dir=self._master_log_dir, http_metadata=self._metadata == "http", lease_ttl_ms=self._lease_ttl
+                )
+                try:
+                    await anyio.to_thread.run_sync(self._master.start)
+                except MasterStartError as exc:
+                    raise BackendIOError(f"could not start mooncake_master: {exc}", tier=self.name) from exc
+                self._master_addr = self._master.address
+                if self._metadata == "http":
+                    self._metadata_server = self._master.metadata_url
+            store = MooncakeDistributedStore()
+            meta = "P2PHANDSHAKE" if self._metadata == "p2p" else self._metadata_server
+            args = (
+                self._local_hostname,
+                meta,
+                self._segment,
+                self._local_buffer,
+                self._protocol,
+                ",".join(self._devices),
+                self._master_addr,
+            )
+            rc = await self._run(lambda: int(store.setup(*args)), what="setup")
+            if rc != 0:
+                raise BackendIOError(
+                    f"mooncake setup against master {self._master_addr} failed: {code_name(rc)}", tier=self.name
+                )
+            self._store = store
+            staging = _Staging(self._staging_bytes)
+            rc = await self._run(lambda: int(store.register_buffer(staging.ptr, staging.size)), what="register_buffer")
+            if rc != 0:
+                staging.close()
+                raise BackendIOError(f"register_buffer failed: {code_name(rc)}", tier=self.name)
+            self._staging = staging
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._teardown()
+            raise
+
+    async def _teardown(self) -> None:
+        store, staging, master = self._store, self._staging, self._master
+        self._store = self._staging = self._master = None
+
+        def work() -> None:
+            if store is not None:
+                if staging is not None:
+                    with contextlib.suppress(Exception):
+                        store.unregister_buffer(staging.ptr)
+                with contextlib.suppress(Exception):
+                    store.close()
+            if staging is not None:
+                staging.close()
+            if master is not None:
+                master.stop()
+
+        with anyio.move_on_after(self._timeout + 10):
+            await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+
+    async def _close(self) -> None:
+        self._used -= self._reserved
+        self._reserved = 0
+        self._pending.clear()
+        with anyio.CancelScope(shield=True):
+            await self._teardown()
+
+    # -------------------------------------------------------------------- helpers
+    def _skey(self, key: str) -> str:
+        return f"tierkv/{self._namespace}/{key}"
+
+    async def _run(self, fn: Callable[[], T], *, what: str) -> T:
+        """Run ``fn`` in a worker thread, bounded by ``timeout`` (-> BackendIOError)."""
+        try:
+            with anyio.fail_after(self._timeout):
+                return await anyio.to_thread.run_sync(fn, limiter=self._limiter, abandon_on_cancel=True)
+        except TimeoutError as exc:
+            self._c["timeouts"] += 1
+            raise BackendIOError(
+                f"mooncake {what} did not finish within {self._timeout:g}s (master or peer unresponsive)",
+                tier=self.name,
+            ) from exc
+
+    def _lost(self, key: str) -> None:
+        """A block this client committed is gone from the pool (not by our evict)."""
+        entry = self._committed.pop(key, None)
+        if entry is not None:
+            self._used -= entry[0]
+            self._c["evicted_remotely"] += 1
+
+    # ----------------------------------------------------------------------- data
+    async def allocate(self, key: str, nbytes: int, *, tag: bytes = b"") -> Allocation:
+        """Reserve ``nbytes`` under ``key`` in this client's budget (see the class doc)."""
+        self._check_open()
+        validate_key(key, tier=self.name)
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+            raise InputError(f"[{self.name}] nbytes must be a non-negative int, got {nbytes!r}")
+        if nbytes > self._max_block:
+            raise InputError(f"[{self.name}] {nbytes} bytes exceeds max_block_bytes={self._max_block}")
+        if not isinstance(tag, bytes) or len(tag) > MAX_TAG_BYTES:
+            raise InputError(f"[{self.name}] tag must be bytes of at most {MAX_TAG_BYTES}")
+        if key in self._committed or key in self._pending:
+            raise BlockExistsError(f"block {key!r} exists", tier=self.name)
+        if self._used + nbytes > self._capacity:
+            raise CapacityError(f"{nbytes} bytes do not fit ({self._used}/{self._capacity} used)", tier=self.name)
+        a = Allocation(key, nbytes, tag, next(self._handles))
+        self._pending[key] = a
+        self._used += nbytes
+        self._reserved += nbytes
+        return a
+
+    def _drop_pending(self, a: Allocation) -> None:
+        if self._pending.get(a.key) is a:
+            del self._pending[a.key]
+            self._used -= a.nbytes
+            self._reserved -= a.nbytes
+
+    async def write(self, allocation: Allocation, data: Buffer) -> None:
+        """Put the block (one ``batch_put_from``); see :meth:`Backend.write`."""
+        await self.write_many([allocation], [data])
+
+    def _put_work(
+        self, items: list[tuple[str, bytes, memoryview]], deadline: float, abandoned: threading.Event
+    ) -> list[int]:
+        """Worker thread: stage header+tag+payload, checksum, batch_put_from."""
+        staging, store = self._staging, self._store
+        if staging is None or store is None:
+            return [-1] * len(items)
+        sizes = [HEADER_BYTES + len(tag) + len(mv) for _, tag, mv in items]
+        codes: list[int] = []
+        for chunk in _chunks(sizes, staging.size // 2):
+            csizes = [sizes[i] for i in chunk]
+            offs = staging.alloc_many(csizes, deadline)
+            try:
+                keys = []
+                for off, i in zip(offs, chunk, strict=True):
+                    skey, tag, mv = items[i]
+                    view = staging.view
+                    t0 = off + HEADER_BYTES
+                    view[t0 : t0 + len(tag)] = tag
+                    view[t0 + len(tag) : t0 + len(tag) + len(mv)] = mv
+                    ck = _checksum(self._algo, view[t0 : t0 + len(tag) + len(mv)])
+                    key_crc = zlib.crc32(skey.encode())
+                    _HEADER.pack_into(view, off, _MAGIC, _VERSION, self._algo, len(tag), key_crc, len(mv), ck)
+                    keys.append(skey)
+                res = [int(c) for c in store.batch_put_from(keys, [staging.ptr + o for o in offs], csizes)]
+                if abandoned.is_set():
+                    for k, c in zip(keys, res, strict=True):
+                        if c == 0:
+                            store.remove(k, True)
+                codes.extend(res)
+            finally:
+                staging.free_many(offs, csizes)
+        return codes
+
+    async def write_many(self, allocations: Sequence[Allocation], datas: Sequence[Buffer]) -> None:
+        """Put all blocks with ``batch_put_from`` (chunked by the staging arena).
+
+        Each block commits independently; blocks that fail release their
+        reservation and the first error is raised after all were tried.
+        """
+        self._check_open()
+        if len(allocations) != len(datas):
+            raise InputError(f"write_many: {len(allocations)} allocations but {len(datas)} buffers")
+        allocs: list[Allocation] = []
+        for allocation in allocations:
+            a = self._pending.get(allocation.key)
+            if a is None or a.handle != allocation.handle:
+                for b in allocs:
+                    self._drop_pending(b)
+                raise BlockNotFoundError(f"no reservation for {allocation.key!r}", tier=self.name)
+            allocs.append(a)
+        views: list[memoryview] = []
+        for a, d in zip(allocs, datas, strict=True):
+            try:
+                mv = as_byte_view(d)
+                if len(mv) != a.nbytes:
+                    raise InputError(f"[{self.name}] write of {len(mv)} bytes into a {a.nbytes}-byte allocation")
+            except InputError:
+                for b in allocs:
+                    self._drop_pending(b)
+                raise
+            views.append(mv)
+        items = [(self._skey(a.key), a.tag, mv) for a, mv in zip(allocs, views, strict=True)]
+        abandoned = threading.Event()
+        deadline = time.monotonic() + self._timeout
+        try:
+            codes = await self._run(partial(self._put_work, items, deadline, abandoned), what="batch_put_from")
+        except BaseException:
+            abandoned.set()
+            for a in allocs:
+                self._drop_pending(a)
+            with anyio.CancelScope(shield=True):
+                await self._remove_quietly([k for k, _, _ in items])
+            raise
+        first: BackendError | None = None
+        gone: list[str] = []
+        for a, code in zip(allocs, codes, strict=True):
+            still = self._pending.get(a.key) is a and not self._closed
+            if code == 0 and still:
+                del self._pending[a.key]
+                self._reserved -= a.nbytes
+                self._committed[a.key] = (a.nbytes, len(a.tag))
+                self._c["writes"] += 1
+                self._c["bytes_written"] += a.nbytes
+                continue
+            self._drop_pending(a)
+            if code == 0:  # evicted or closed while in flight: nothing stays visible
+                gone.append(self._skey(a.key))
+                err: BackendError = BlockNotFoundError(
+                    f"reservation for {a.key!r} was dropped during write", tier=self.name
+                )
+            else:
+                err = translate(code, op="put", key=a.key, tier=self.name)
+            first = first or err
+        if gone:
+            with anyio.CancelScope(shield=True):
+                await self._remove_quietly(gone)
+        if first is not None:
+            raise first
+
+    async def _remove_quietly(self, skeys: list[str]) -> None:
+        store = self._store
+        if store is None or not skeys:
+            return
+
+        def work() -> None:
+            with contextlib.suppress(Exception):
+                store.batch_remove(skeys, True)
+
+        with anyio.move_on_after(self._timeout):
+            await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
+
+    def _verify(self, skey: str, region: memoryview, got: int) -> tuple[str, int, int]:
+        """(problem, tag length, nbytes) for an object of ``got`` bytes staged in ``region``."""
+        if got < HEADER_BYTES:
+            return f"object of {got} bytes is shorter than the header", 0, 0
+        magic, version, algo, tlen, key_crc, nbytes, ck = _HEADER.unpack_from(region, 0)
+        if magic != _MAGIC or version != _VERSION or algo not in (_ALGO_XXH3, _ALGO_CRC32):
+            return "bad header (not a tierkv object or unknown version)", 0, 0
+        if key_crc != zlib.crc32(skey.encode()):
+            return "header names another key", 0, 0
+        if HEADER_BYTES + tlen + nbytes != got:
+            return f"length mismatch: header says {HEADER_BYTES + tlen + nbytes} bytes, object has {got}", 0, 0
+        if algo == _ALGO_XXH3 and not _xxhash_available():
+            return "object checksummed with xxh3 but xxhash is not installed", 0, 0
+        if _checksum(algo, region[HEADER_BYTES:got]) != ck:
+            return "checksum mismatch", 0, 0
+        return "", tlen, nbytes
+
+    def _get_work(self, items: list[tuple[str, int, memoryview | None]], deadline: float) -> list[_Got]:
+        """Worker thread: size, stage, batch_get_into, verify, copy out."""
+        staging, store = self._staging, self._store
+        if staging is None or store is None:
+            return [_Got(code=-1)] * len(items)
+        out: list[_Got | None] = [None] * len(items)
+        sizes: list[int] = []
+        todo: list[int] = []
+        for i, (skey, size, _) in enumerate(items):
+            if size <= 0:
+                size = int(store.get_size(skey))
+                if size < 0:
+                    out[i] = _Got(code=size)
+                    continue
+                if size > staging.size // 2:
+                    out[i] = _Got(integrity=f"object of {size} bytes exceeds the staging arena")
+                    continue
+            todo.append(i)
+            sizes.append(size)
+        quarantine: list[str] = []
+        for chunk in _chunks(sizes, staging.size // 2):
+            idx = [todo[j] for j in chunk]
+            csizes = [sizes[j] for j in chunk]
+            offs = staging.alloc_many(csizes, deadline)
+            try:
+                keys = [items[i][0] for i in idx]
+                res = [int(r) for r in store.batch_get_into(keys, [staging.ptr + o for o in offs], csizes)]
+                for i, off, n, r in zip(idx, offs, csizes, res, strict=True):
+                    skey, _, into = items[i]
+                    if r == -600:  # the stored object is larger than expected: re-read with its real size
+                        real = int(store.get_size(skey))
+                        if 0 < real <= staging.size // 2 and real != n:
+                            out[i] = self._get_work([(skey, real, into)], deadline)[0]
+                            continue
+                    if r < 0:
+                        out[i] = _Got(code=r)
+                        continue
+                    region = staging.view[off : off + r]
+                    problem, tlen, nbytes = self._verify(skey, region, r)
+                    if problem:
+                        quarantine.append(skey)
+                        out[i] = _Got(integrity=problem)
+                        continue
+                    payload = region[HEADER_BYTES + tlen : HEADER_BYTES + tlen + nbytes]
+                    if into is not None:
+                        if len(into) < nbytes:
+                            out[i] = _Got(too_small=nbytes)
+                            continue
+                        into[:nbytes] = payload
+                        out[i] = _Got(data=into[:nbytes])
+                    else:
+                        out[i] = _Got(data=memoryview(bytearray(payload)))
+            finally:
+                staging.free_many(offs, csizes)
+        for skey in quarantine:
+            with contextlib.suppress(Exception):
+                store.remove(skey, True)
+        return [g if g is not None else _Got(code=-1) for g in out]
+
+    async def read(self, key: str, *, into: Buffer | None = None) -> memoryview:
+        """Get the block (one ``batch_get_into``); see :meth:`Backend.read`."""
+        return (await self.read_many([key], into=None if into is None else [into]))[0]
+
+    async def read_many(self, keys: Sequence[str], *, into: Sequence[Buffer] | None = None) -> list[memoryview]:
+        """Get all blocks with ``batch_get_into``; the first failure raises
+        (BlockNotFoundError, IntegrityError, InputError, BackendIOError)."""
+        self._check_open()
+        if into is not None and len(into) != len(keys):
+            raise InputError(f"read_many: {len(keys)} keys but {len(into)} buffers")
+        items: list[tuple[str, int, memoryview | None]] = []
+        for i, k in enumerate(keys):
+            validate_key(k, tier=self.name)
+            dst = None if into is None else as_byte_view(into[i], writable=True, what="into")
+            entry = self._committed.get(k)
+            size = HEADER_BYTES + entry[1] + entry[0] if entry else 0
+            if entry and dst is not None and len(dst) < entry[0]:
+                raise InputError(f"[{self.name}] into holds {len(dst)} bytes, block {k!r} has {entry[0]}")
+            items.append((self._skey(k), size, dst))
+        deadline = time.monotonic() + self._timeout
+        got = await self._run(partial(self._get_work, items, deadline), what="batch_get_into")
+        first: BaseException | None = None
+        views: list[memoryview] = []
+        for k, g in zip(keys, got, strict=True):
+            if g.data is not None:
+                self._c["reads"] += 1
+                self._c["bytes_read"] += len(g.data)
+                views.append(g.data)
+                continue
+            err: BaseException
+            if g.integrity:
+                self._c["integrity_failures"] += 1
+                entry = self._committed.pop(k, None)
+                if entry is not None:
+                    self._used -= entry[0]
+                err = IntegrityError(f"block {k!r} failed verification ({g.integrity}); quarantined", tier=self.name)
+            elif g.too_small >= 0:
+                err = InputError(f"[{self.name}] into is too small for block {k!r} of {g.too_small} bytes")
+            elif g.code in _NOT_FOUND:
+                self._c["misses"] += 1
+                self._lost(k)
+                err = BlockNotFoundError(f"no block {k!r} ({code_name(g.code)})", tier=self.name)
+            else:
+                err = translate(g.code, op="get", key=k, tier=self.name)
+            first = first or err
+        if first is not None:
+            raise first
+        return views
+
+    async def evict(self, key: str) -> bool:
+        """Remove the block or reservation; -706 (read lease) -> forced remove or retry."""
+        return (await self.evict_many([key]))[0]
+
+    def _remove_work(self, skeys: list[str], deadline: float) -> tuple[list[int], int]:
+        store = self._store
+        if store is None:
+            return [-1] * len(skeys), 0
+        codes = [int(c) for c in store.batch_remove(skeys, False)]
+        conflicts = 0
+        while True:
+            leased = [i for i, c in enumerate(codes) if c == -706]
+            if not leased:
+                return codes, conflicts
+            conflicts += len(leased)
+            force = self._force_evict or time.monotonic() >= deadline
+            if not force:
+                time.sleep(0.1)
+            again = [int(c) for c in store.batch_remove([skeys[i] for i in leased], force)]
+            for i, c in zip(leased, again, strict=True):
+                codes[i] = c
+            if force:
+                return codes, conflicts
+
+    async def evict_many(self, keys: Sequence[str]) -> list[bool]:
+        """Evict several keys with one ``batch_remove``; idempotent."""
+        self._check_open()
+        for k in keys:
+            validate_key(k, tier=self.name)
+        result = [False] * len(keys)
+        remote: list[int] = []
+        for i, k in enumerate(keys):
+            a = self._pending.get(k)
+            if a is not None:
+                self._drop_pending(a)
+                result[i] = True
+            else:
+                remote.append(i)
+        if not remote:
+            return result
+        skeys = [self._skey(keys[i]) for i in remote]
+        deadline = time.monotonic() + max(self._timeout - 1.0, 0.1)
+        codes, conflicts = await self._run(partial(self._remove_work, skeys, deadline), what="batch_remove")
+        self._c["lease_conflicts"] += conflicts
+        first: BackendError | None = None
+        for i, code in zip(remote, codes, strict=True):
+            k = keys[i]
+            if code == 0:
+                entry = self._committed.pop(k, None)
+                if entry is not None:
+                    self._used -= entry[0]
+                self._c["evictions"] += 1
+                result[i] = True
+            elif code in _NOT_FOUND:
+                self._lost(k)
+            else:
+                first = first or translate(code, op="remove", key=k, tier=self.name)
+        if first is not None:
+            raise first
+        return result
+
+    async def contains(self, key: str) -> bool:
+        """``is_exist`` on the pool (blocks of other processes count too)."""
+        self._check_open()
+        validate_key(key, tier=self.name)
+        store = self._store
+        skey = self._skey(key)
+        code = await self._run(lambda: int(store.is_exist(skey)), what="is_exist")
+        if code == 1:
+            return True
+        if code == 0:
+            self._lost(key)
+            return False
+        raise translate(code if code < -1 else -900, op="is_exist", key=key, tier=self.name)
+
+    def stats(self) -> BackendStats:
+        details: dict[str, Any] = dict(self._c)
+        details.update(
+            {
+                "protocol": self._protocol,
+                "master": self._master_addr,
+                "master_started": self._start_master,
+                "metadata": self._metadata,
+                "namespace": self._namespace,
+                "rdma_devices": list(self._devices),
+                "discovery": self._discovery,
+                "checksum": "xxh3" if self._algo == _ALGO_XXH3 else "crc32",
+                "global_segment_size": self._segment,
+                "staging_bytes": self._staging_bytes,
+            }
+        )
+        for k in ("reads", "writes", "evictions", "bytes_read", "bytes_written"):
+            details.pop(k)
+        return BackendStats(
+            tier=self.name,
+            kind=TierKind.RDMA,
+            capacity_bytes=self._capacity,
+            used_bytes=self._used,
+            blocks=len(self._committed),
+            reserved_bytes=self._reserved,
+            reads=self._c["reads"],
+            writes=self._c["writes"],
+            evictions=self._c["evictions"],
+            bytes_read=self._c["bytes_read"],
+            bytes_written=self._c["bytes_written"],
+            io_path=f"mooncake {self._protocol}",
+            emulated=self._protocol != "rdma",
+            details=types.MappingProxyType(details),
+        )
+
+    # ------------------------------------------------------------ raw reference
+    async def raw_reference(self, block_bytes: int, op: str, repetitions: int) -> float:
+        """GB/s of the raw Mooncake client on this backend's own connection.
+
+        ``op`` is ``"write"`` (``batch_put_from`` of one ``block_bytes`` object
+        per call) or ``"read"`` (``batch_get_into`` of one object per call), from
+        and into this backend's registered staging arena, ``repetitions`` calls
+        on distinct objects (reads: the objects are put first, untimed);
+        returns the median of the per-call throughputs (1 GB = 1e9 bytes). No
+        header, no checksum, no copies: the envelope's denominator. Keys live
+        under ``tierkv/<namespace>/__raw__`` and are removed afterwards.
+        Raises InputError (bad arguments), BackendIOError (a call failed).
+        """
+        self._check_open()
+        if op not in ("write", "read"):
+            raise InputError(f"raw_reference: op must be 'write' or 'read', got {op!r}")
+        if not 0 < block_bytes <= self._max_block or repetitions < 1:
+            raise InputError(f"raw_reference: need 0 < block_bytes <= {self._max_block} and repetitions >= 1")
+        staging, store = self._staging, self._store
+        assert staging is not None
+        base = f"tierkv/{self._namespace}/__raw__{next(self._handles)}"
+        deadline = time.monotonic() + self._timeout
+
+        def work() -> list[float]:
+            offs = staging.alloc_many([block_bytes, block_bytes], deadline)
+            src, dst = staging.ptr + offs[0], staging.ptr + offs[1]
+            staging.array[offs[0] : offs[0] + block_bytes] = np.random.default_rng(7).integers(
+                0, 256, block_bytes, dtype=np.uint8
+            )
+            keys = [f"{base}.{i}" for i in range(repetitions)]
+            rates: list[float] = []
+            try:
+                if op == "read":  # distinct objects, each read once (no cache-hot re-reads)
+                    rc = store.batch_put_from(keys, [src] * repetitions, [block_bytes] * repetitions)
+                    if any(int(c) != 0 for c in rc):
+                        raise BackendIOError(f"raw put failed: {code_name(min(int(c) for c in rc))}", tier=self.name)
+                for i in range(repetitions):
+                    t0 = time.perf_counter()
+                    if op == "write":
+                        rc = store.batch_put_from([keys[i]], [src], [block_bytes])
+                        ok = rc[0] == 0
+                    else:
+                        rc = store.batch_get_into([keys[i]], [dst], [block_bytes])
+                        ok = rc[0] == block_bytes
+                    dt = time.perf_counter() - t0
+                    if not ok:
+                        raise BackendIOError(f"raw {op} failed: {code_name(int(rc[0]))}", tier=self.name)
+                    rates.append(block_bytes / dt / 1e9)
+            finally:
+                with contextlib.suppress(Exception):
+                    store.batch_remove(keys, True)
+                staging.free_many(offs, [block_bytes, block_bytes])
+            return rates
+
+        rates = await self._run(work, what="raw_reference")
+        return statistics.median(rates)
