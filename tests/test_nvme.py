@@ -289,3 +289,85 @@ def test_slot_header_codec() -> None:
     bad[30] ^= 1
     assert unpack_slot_header(bytes(bad)) is None
     assert unpack_slot_header(bytes(PAGE)) is None
+
+
+async def test_batch_calls_round_trip_and_persist(tmp_path: Path) -> None:
+    blobs = {f"b{i}": os.urandom(n) for i, n in enumerate([0, 1, 4096, 70_000, 1 << 20, 12345, 65536, 999_999])}
+    async with await NvmeBackend.open(opts(tmp_path, queue_depth=4)) as b:
+        allocs = await b.allocate_many([(k, len(v), b"t" + k.encode()) for k, v in blobs.items()])
+        used = b.stats().used_bytes
+        await b.write_many(allocs, list(blobs.values()))
+        assert b.stats().used_bytes == used and b.stats().reserved_bytes == 0
+        got = await b.read_many(list(blobs))
+        assert [bytes(g) for g in got] == list(blobs.values())
+        aligned = [mmap.mmap(-1, max(1, len(v))) for v in blobs.values()]
+        views = await b.read_many(list(blobs), into=aligned)
+        assert [bytes(v) for v in views] == list(blobs.values())
+        assert b.stats().writes == len(blobs)
+    async with await NvmeBackend.open(opts(tmp_path, queue_depth=2)) as b:
+        assert sorted((i.key, i.tag) for i in await b.scan()) == sorted((k, b"t" + k.encode()) for k in blobs)
+        assert [bytes(g) for g in await b.read_many(list(blobs))] == list(blobs.values())
+        assert await b.evict_many(["b1", "b1", "nope", "b3"]) == [True, False, False, True]
+        assert b.stats().blocks == len(blobs) - 2
+    async with await NvmeBackend.open(opts(tmp_path)) as b:
+        assert sorted(i.key for i in await b.scan()) == sorted(set(blobs) - {"b1", "b3"})
+
+
+async def test_batch_error_paths_release_everything(tmp_path: Path) -> None:
+    async with await NvmeBackend.open(opts(tmp_path, queue_depth=4)) as b:
+        free0 = b.stats().details["free_slots"]
+        with pytest.raises(BlockExistsError):  # all or nothing
+            await b.allocate_many([("a", 10, b""), ("a", 10, b"")])
+        with pytest.raises(CapacityError):
+            await b.allocate_many([(f"c{i}", 1 << 20, b"") for i in range(100)])
+        assert b.stats().used_bytes == 0 and b.stats().details["free_slots"] == free0
+        allocs = await b.allocate_many([("w1", 100, b""), ("w2", 100, b"")])
+        with pytest.raises(InputError):  # wrong length: no block of the batch commits
+            await b.write_many(allocs, [bytes(100), bytes(5)])
+        assert b.stats().used_bytes == 0 and b.stats().details["free_slots"] == free0
+        with pytest.raises(BlockNotFoundError):
+            await b.write_many(allocs, [bytes(100), bytes(100)])
+        await put(b, "x", b"1" * 100)
+        with pytest.raises(BlockNotFoundError):
+            await b.read_many(["x", "missing"])
+        with pytest.raises(InputError):
+            await b.read_many(["x"], into=[bytearray(10)])
+
+
+async def test_cancelled_write_many_leaves_nothing(tmp_path: Path) -> None:
+    async with await NvmeBackend.open(opts(tmp_path, queue_depth=4)) as b:
+        free0 = b.stats().details["free_slots"]
+        allocs = await b.allocate_many([(f"k{i}", 1 << 20, b"") for i in range(4)])
+        with anyio.CancelScope() as cs:
+            cs.cancel()
+            await b.write_many(allocs, [os.urandom(1 << 20) for _ in range(4)])
+        assert cs.cancelled_caught
+        assert not any([await b.contains(f"k{i}") for i in range(4)])
+        assert b.stats().used_bytes == 0 and b.stats().reserved_bytes == 0
+        assert b.stats().details["free_slots"] == free0
+        # cancelled while the I/O is in flight: it finishes, then every slot is freed durably
+        allocs = await b.allocate_many([(f"m{i}", 1 << 20, b"") for i in range(4)])
+        with anyio.move_on_after(0.001) as cs2:
+            await b.write_many(allocs, [os.urandom(1 << 20) for _ in range(4)])
+        visible = [await b.contains(f"m{i}") for i in range(4)]
+        assert visible in ([False] * 4, [True] * 4)  # never a partial batch
+        if cs2.cancelled_caught:
+            assert visible == [False] * 4 and b.stats().used_bytes == 0
+        assert b.stats().reserved_bytes == 0
+    async with await NvmeBackend.open(opts(tmp_path)) as b:
+        assert sorted(i.key for i in await b.scan()) == ([f"m{i}" for i in range(4)] if visible[0] else [])
+
+
+async def test_read_many_quarantines_corrupted_block(tmp_path: Path) -> None:
+    data = os.urandom(10000)
+    async with await NvmeBackend.open(opts(tmp_path, queue_depth=4)) as b:
+        await put(b, "good", data)
+        await put(b, "bad", data)
+        slab, off = _find_slot(tmp_path / "slabs", "bad")
+        _flip(slab, off + PAGE + 5000)
+        with pytest.raises(IntegrityError):
+            await b.read_many(["good", "bad"])
+        assert not await b.contains("bad")
+        assert [bytes(v) for v in await b.read_many(["good"])] == [data]
+    async with await NvmeBackend.open(opts(tmp_path)) as b:
+        assert [i.key for i in await b.scan()] == ["good"]

@@ -19,8 +19,13 @@ Commit protocol ("acknowledged")
 --------------------------------
 ``write`` puts header and payload in the slot with one O_DIRECT ``pwritev``
 and then ``fdatasync``; it returns (the block is *acknowledged*) only after
-both. ``evict`` writes a *free* header over the slot and ``fdatasync``\\ s it
-before returning and before the slot can be reused. On open every slot header
+both. ``write_many`` issues the ``pwritev`` of every block of the batch
+(``queue_depth`` in flight), then one ``fdatasync`` per slab file touched, and
+only then makes the blocks visible and returns: every block of the batch is
+acknowledged at that point, none before. ``evict`` (``evict_many``: every
+slot of the batch, then one ``fdatasync`` per slab) writes a *free* header over
+the slot and ``fdatasync``\\ s it before returning and before the slot can be
+reused. On open every slot header
 is read: a block is served only if its header checksum is valid, its state is
 committed and, if its generation is above the checkpoint, its payload checksum
 matches (a torn or stale payload is caught there). Two committed headers for
@@ -35,10 +40,16 @@ every block and reservation (0 for an empty block); ``details["logical_bytes"]``
 holds the requested bytes and, with one size class, ``details["granule"]`` is
 the slot size (the conformance suite's footprint rule).
 
-Concurrency: at most ``queue_depth`` I/Os are in flight (an anyio
-CapacityLimiter in front of worker threads). Cancellation of a write after the
-data reached the medium durably invalidates the slot (shielded) before the
-reservation is released.
+Concurrency: single-block calls run in anyio worker threads behind a
+CapacityLimiter of ``queue_depth``. Batch calls (``read_many``, ``write_many``,
+``evict_many``) take one limiter token and make one thread hop: that thread
+submits the batch's I/Os to a ThreadPoolExecutor of ``queue_depth`` workers
+owned by the backend (so a batch keeps ``queue_depth`` I/Os in flight) and
+waits for all of them. ``aclose`` waits for every limiter token, hence for
+every batch, before it shuts the executor down. Cancellation of a write or of
+a batch never abandons an I/O: the worker runs to completion, then every slot
+of the cancelled write is durably invalidated (shielded) before its
+reservation is released, so nothing of it is visible.
 """
 
 from __future__ import annotations
@@ -49,12 +60,16 @@ import os
 import struct
 import threading
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 
@@ -97,6 +112,7 @@ _GEOM = struct.Struct("<8sIIQQQ")  # magic, version, checksum id, slot_bytes, ns
 _CKPT = struct.Struct("<8sQ")  # magic, generation
 _HDR = struct.Struct("<8sB3xQQHHI128s256s")  # magic, state, gen, nbytes, keylen, taglen, payload crc, key, tag
 _CRC = struct.Struct("<I")
+_HDR_SECTOR = 512  # a slot header and its crc fit in the first sector
 _STATE_FREE = 0
 _STATE_COMMITTED = 1
 _CHECKSUMS = {1: "crc32", 2: "crc32c"}
@@ -325,6 +341,7 @@ class NvmeBackend(Backend):
         self._unsettled: set[int] = set()
         self._poisoned: set[tuple[int, int]] = set()
         self._limiter = anyio.CapacityLimiter(self._qd)
+        self._executor: ThreadPoolExecutor | None = None  # batch I/O workers, created by open
         self._pool = _Pool(PAGE + _round_up(classes[-1]))
         self._checksum = "crc32"
         self._csum: Callable[[Any], int] = _checksum_fn("crc32")
@@ -377,6 +394,7 @@ class NvmeBackend(Backend):
             if use_kvikio:
                 await anyio.to_thread.run_sync(self._open_kvikio, limiter=self._limiter)
             await anyio.to_thread.run_sync(self._recover, limiter=self._limiter)
+            self._executor = ThreadPoolExecutor(self._qd, thread_name_prefix=f"tierkv-{self.name}")
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(self._close_files)
@@ -608,6 +626,9 @@ class NvmeBackend(Backend):
                     self._limiter.release_on_behalf_of(t)
 
     def _close_files(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
         for s in self._slabs:
             if s.cufile is not None:
                 try:
@@ -641,9 +662,17 @@ class NvmeBackend(Backend):
         os.fdatasync(s.fd)
 
     def _write_slot(self, si: int, slot: int, gen: int, key: str, tag: bytes, data: memoryview) -> None:
+        self._put_slot(si, slot, self._committed_header(gen, key, tag, data), data)
+        self._sync(self._slabs[si])
+
+    def _committed_header(self, gen: int, key: str, tag: bytes, data: memoryview) -> bytes:
+        """The slot header of a block (computes the payload checksum: CPU work, no I/O)."""
+        return pack_slot_header(SlotHeader(_STATE_COMMITTED, gen, key, len(data), tag, self._csum(data)))
+
+    def _put_slot(self, si: int, slot: int, hdr: bytes, data: memoryview) -> None:
+        """One O_DIRECT pwritev of header + payload into the slot, without fdatasync."""
         s = self._slabs[si]
         n = len(data)
-        hdr = pack_slot_header(SlotHeader(_STATE_COMMITTED, gen, key, n, tag, self._csum(data)))
         buf = self._pool.get()
         try:
             buf[: len(hdr)] = hdr
@@ -662,11 +691,15 @@ class NvmeBackend(Backend):
             total = sum(len(v) for v in iovs)
             if self._pwritev(s, iovs, s.offset(slot)) != total:
                 raise OSError(errno.EIO, "short write")
-            self._sync(s)
         finally:
             self._pool.put(buf)
 
     def _read_slot(self, e: _Entry, key: str, into: memoryview | None) -> memoryview:
+        hdr, out = self._read_io(e, into)
+        return self._verify(e, key, hdr, out)
+
+    def _read_io(self, e: _Entry, into: memoryview | None) -> tuple[bytes, memoryview]:
+        """Read header + payload (no verification): the header sector and the payload view."""
         s = self._slabs[e.slab]
         n = e.nbytes
         buf = self._pool.get()
@@ -699,16 +732,24 @@ class NvmeBackend(Backend):
                     raise OSError(errno.EIO, "short read")
                 into[:n] = bmv[PAGE : PAGE + n]
                 out = into[:n]
-            h = unpack_slot_header(bmv[:PAGE])
-            if h is None or h.state != _STATE_COMMITTED or h.gen != e.gen or h.key != key or h.nbytes != n:
-                raise IntegrityError(f"slot header of {key!r} is invalid or stale", tier=self.name)
-            if self._csum(out) != h.payload_crc:
-                raise IntegrityError(f"payload checksum mismatch for {key!r}", tier=self.name)
-            return out
+            return bytes(bmv[:_HDR_SECTOR]), out
         finally:
             self._pool.put(buf)
 
+    def _verify(self, e: _Entry, key: str, hdr: bytes, out: memoryview) -> memoryview:
+        """Check the header (generation, key, length) and the payload checksum (CPU work, no I/O)."""
+        h = unpack_slot_header(hdr)
+        if h is None or h.state != _STATE_COMMITTED or h.gen != e.gen or h.key != key or h.nbytes != e.nbytes:
+            raise IntegrityError(f"slot header of {key!r} is invalid or stale", tier=self.name)
+        if self._csum(out) != h.payload_crc:
+            raise IntegrityError(f"payload checksum mismatch for {key!r}", tier=self.name)
+        return out
+
     def _invalidate(self, si: int, slot: int) -> None:
+        self._put_free_header(si, slot)
+        self._sync(self._slabs[si])
+
+    def _put_free_header(self, si: int, slot: int) -> None:
         s = self._slabs[si]
         hdr = self._free_header()
         buf = self._pool.get()
@@ -716,9 +757,97 @@ class NvmeBackend(Backend):
             buf[: len(hdr)] = hdr
             if self._pwritev(s, [memoryview(buf)[:PAGE]], s.offset(slot)) != PAGE:
                 raise OSError(errno.EIO, "short write")
-            self._sync(s)
         finally:
             self._pool.put(buf)
+
+    # ------------------------------------------------------------ batch workers
+    def _run_jobs(self, jobs: list[Callable[[], Any]]) -> list[Any]:
+        """Run ``jobs`` with up to ``queue_depth`` in flight; each result is its value or the
+        exception it raised. Always waits for every job (never abandons an I/O)."""
+        ex = self._executor
+        if ex is None or len(jobs) <= 1 or self._qd == 1:
+            out: list[Any] = []
+            for job in jobs:
+                try:
+                    out.append(job())
+                except Exception as exc:
+                    out.append(exc)
+            return out
+        futs: list[Future[Any]] = []
+        try:
+            for job in jobs:
+                futs.append(ex.submit(job))
+        finally:
+            wait_futures(futs)
+        res: list[Any] = []
+        for f in futs:
+            err = f.exception()
+            res.append(err if err is not None else f.result())
+        return res
+
+    def _sync_slabs(self, sis: set[int]) -> dict[int, BaseException]:
+        """fdatasync each slab file in ``sis`` (in parallel); the failures by slab."""
+        order = sorted(sis)
+        res = self._run_jobs([partial(self._sync, self._slabs[si]) for si in order])
+        return {si: r for si, r in zip(order, res, strict=True) if isinstance(r, BaseException)}
+
+    def _write_batch(self, jobs: list[tuple[int, int, int, str, bytes, memoryview]]) -> list[BaseException | None]:
+        """Data writes of every block, then one fdatasync per slab touched; per-block error or None.
+
+        This thread computes the headers (payload checksums) while the executor's workers keep
+        up to ``queue_depth`` pwritev in flight."""
+        ex = self._executor
+        errs: list[BaseException | None] = [None] * len(jobs)
+        if ex is None or len(jobs) <= 1:
+            for i, (si, slot, gen, key, tag, mv) in enumerate(jobs):
+                try:
+                    self._put_slot(si, slot, self._committed_header(gen, key, tag, mv), mv)
+                except Exception as exc:
+                    errs[i] = exc
+        else:
+            futs: dict[int, Future[None]] = {}
+            try:
+                for i, (si, slot, gen, key, tag, mv) in enumerate(jobs):
+                    try:
+                        hdr = self._committed_header(gen, key, tag, mv)
+                    except Exception as exc:
+                        errs[i] = exc
+                        continue
+                    futs[i] = ex.submit(self._put_slot, si, slot, hdr, mv)
+            finally:
+                wait_futures(futs.values())
+            for i, f in futs.items():
+                errs[i] = f.exception()
+        failed = self._sync_slabs({j[0] for j, e in zip(jobs, errs, strict=True) if e is None})
+        return [e if e is not None else failed.get(j[0]) for j, e in zip(jobs, errs, strict=True)]
+
+    def _invalidate_batch(self, slots: list[tuple[int, int]]) -> list[bool]:
+        """Free headers over every slot, then one fdatasync per slab; per slot whether it is durably free."""
+        res = self._run_jobs([partial(self._put_free_header, *t) for t in slots])
+        ok = [not isinstance(r, BaseException) for r in res]
+        failed = self._sync_slabs({t[0] for t, g in zip(slots, ok, strict=True) if g})
+        return [g and t[0] not in failed for t, g in zip(slots, ok, strict=True)]
+
+    def _read_batch(self, jobs: list[tuple[_Entry, str, memoryview | None]]) -> list[Any]:
+        """Per block its verified view or the exception. The executor's workers keep up to
+        ``queue_depth`` preadv in flight while this thread verifies the blocks already read."""
+        ex = self._executor
+        if ex is None or len(jobs) <= 1:
+            return self._run_jobs([partial(self._read_slot, *j) for j in jobs])
+        futs: list[Future[tuple[bytes, memoryview]]] = []
+        res: list[Any] = []
+        try:
+            for e, _, into in jobs:
+                futs.append(ex.submit(self._read_io, e, into))
+            for (e, key, _), f in zip(jobs, futs, strict=True):
+                try:
+                    hdr, out = f.result()
+                    res.append(self._verify(e, key, hdr, out))
+                except Exception as exc:
+                    res.append(exc)
+        finally:
+            wait_futures(futs)  # never return (or raise) with a read still in flight
+        return res
 
     async def _invalidate_shielded(self, si: int, slot: int) -> bool:
         """Durably free a slot; on failure the slot is poisoned (never reused in this process)."""
@@ -739,6 +868,9 @@ class NvmeBackend(Backend):
         """Reserve a slot of the smallest class that fits. Raises InputError, BlockExistsError,
         CapacityError (no free slot of a fitting class, or capacity exhausted), BackendClosedError."""
         self._check_open()
+        return self._allocate_now(key, nbytes, tag)
+
+    def _allocate_now(self, key: str, nbytes: int, tag: bytes) -> Allocation:
         validate_key(key, tier=self.name)
         if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
             raise InputError(f"[{self.name}] nbytes must be a non-negative int, got {nbytes!r}")
@@ -892,6 +1024,244 @@ class NvmeBackend(Backend):
         await self._remove(key, e)
         self._counters["evictions"] += 1
         return True
+
+    # -------------------------------------------------------------- batch twins
+    async def allocate_many(self, items: Sequence[tuple[str, int, bytes]]) -> list[Allocation]:
+        """Reserve every block, all or nothing (no I/O, no await in between): on an error the
+        reservations already made by this call are dropped and the error is raised."""
+        self._check_open()
+        done: list[Allocation] = []
+        try:
+            for key, nbytes, tag in items:
+                done.append(self._allocate_now(key, nbytes, tag))
+        except BaseException:
+            for a in done:
+                si_slot = self._drop_pending(a)
+                if si_slot is not None:
+                    self._release_slot(*si_slot)
+            raise
+        return done
+
+    async def write_many(self, allocations: Sequence[Allocation], datas: Sequence[Buffer]) -> None:
+        """Write and commit several blocks with one thread hop: every data write (``queue_depth``
+        in flight), then one fdatasync per slab file, then every block becomes visible at once.
+
+        Raises InputError (lengths or buffers; every reservation of the batch is released),
+        BlockNotFoundError (an unknown allocation: the batch's reservations are released; or
+        one evicted while in flight: the others commit), BackendIOError (the failed blocks are
+        released, the others commit), BackendClosedError. On cancellation no block of the
+        batch commits: the call waits for its I/Os, durably invalidates every slot (shielded)
+        and releases the reservations.
+        """
+        self._check_open()
+        if len(allocations) != len(datas):
+            raise InputError(f"write_many: {len(allocations)} allocations but {len(datas)} buffers")
+        mine: list[Allocation] = []
+        views: list[memoryview] = []
+        try:
+            seen: set[str] = set()
+            for a_in, d in zip(allocations, datas, strict=True):
+                a = self._pending.get(a_in.key)
+                if (
+                    a is None
+                    or a.handle != a_in.handle
+                    or a.key in seen
+                    or self._write_in_flight(*self._pending_slot[a.key])
+                ):
+                    raise BlockNotFoundError(f"no reservation for {a_in.key!r}", tier=self.name)
+                seen.add(a.key)
+                mine.append(a)
+                mv = as_byte_view(d)
+                if len(mv) != a.nbytes:
+                    raise InputError(f"[{self.name}] write of {len(mv)} bytes into a {a.nbytes}-byte allocation")
+                views.append(mv)
+        except BaseException:
+            for a_in in allocations:  # nothing was written: release every reservation of the batch
+                a = self._pending.get(a_in.key)
+                if a is not None and a.handle == a_in.handle and not self._write_in_flight(*self._pending_slot[a.key]):
+                    si_slot = self._drop_pending(a)
+                    if si_slot is not None:
+                        self._release_slot(*si_slot)
+            raise
+        if not mine:
+            return
+        jobs: list[tuple[int, int, int, str, bytes, memoryview]] = []
+        for a, mv in zip(mine, views, strict=True):
+            si, slot = self._pending_slot[a.key]
+            gen = self._take_gen()
+            self._unsettled.add(gen)
+            self._inflight.add((si, slot))
+            jobs.append((si, slot, gen, a.key, a.tag, mv))
+        errs: list[BaseException | None]
+        cancel: BaseException | None = None
+        try:
+            errs = await anyio.to_thread.run_sync(self._write_batch, jobs, limiter=self._limiter)
+            # a cancel that arrived during the I/O is delivered here, before anything commits
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        except BaseException as exc:  # cancelled (the worker, if started, has finished) or failed
+            cancel = exc
+            errs = [exc] * len(jobs)
+        for j in jobs:
+            self._inflight.discard((j[0], j[1]))
+        bad: list[int] = []
+        first: BaseException | None = None
+        for i, (a, e) in enumerate(zip(mine, errs, strict=True)):
+            if e is None and (self._pending.get(a.key) is not a or self._closed):
+                e = BlockNotFoundError(f"reservation for {a.key!r} was dropped during write", tier=self.name)
+            elif e is not None:
+                self._drop_pending(a)
+            if e is not None:
+                bad.append(i)
+                first = first or e
+        if bad:
+            # the data may have reached the medium: free the slots durably before they are reused
+            slots = [(jobs[i][0], jobs[i][1]) for i in bad]
+            with anyio.CancelScope(shield=True):
+                try:
+                    freed = await anyio.to_thread.run_sync(self._invalidate_batch, slots, limiter=self._limiter)
+                except Exception:
+                    freed = [False] * len(slots)
+            for i, t, ok in zip(bad, slots, freed, strict=True):
+                if ok:
+                    self._unsettled.discard(jobs[i][2])
+                else:
+                    self._poisoned.add(t)
+                self._release_slot(*t)
+        bad_set = set(bad)
+        for i, a in enumerate(mine):
+            if i in bad_set:
+                continue
+            si, slot, gen = jobs[i][0], jobs[i][1], jobs[i][2]
+            del self._pending[a.key]
+            del self._pending_slot[a.key]
+            self._reserved -= self._held(si, a.nbytes)
+            self._unsettled.discard(gen)
+            self._index[a.key] = _Entry(si, slot, gen, a.nbytes, a.tag)
+            self._counters["writes"] += 1
+            self._counters["bytes_written"] += a.nbytes
+        if cancel is not None:
+            if isinstance(cancel, OSError):
+                raise BackendIOError(f"write_many failed: {cancel}", tier=self.name) from cancel
+            raise cancel
+        if first is not None:
+            if isinstance(first, OSError):
+                raise BackendIOError(f"write_many: a write failed: {first}", tier=self.name) from first
+            raise first
+
+    async def read_many(self, keys: Sequence[str], *, into: Sequence[Buffer] | None = None) -> list[memoryview]:
+        """Read and verify several blocks with one thread hop (``queue_depth`` reads in flight).
+
+        Raises BlockNotFoundError, InputError (before any I/O), IntegrityError (every failing
+        block is quarantined; the first error is raised), BackendIOError, BackendClosedError.
+        """
+        self._check_open()
+        if into is not None and len(into) != len(keys):
+            raise InputError(f"read_many: {len(keys)} keys but {len(into)} buffers")
+        jobs: list[tuple[_Entry, str, memoryview | None]] = []
+        for i, key in enumerate(keys):
+            validate_key(key, tier=self.name)
+            e = self._index.get(key)
+            if e is None:
+                raise BlockNotFoundError(f"no block {key!r}", tier=self.name)
+            dst: memoryview | None = None
+            if into is not None:
+                dst = as_byte_view(into[i], writable=True, what="into")
+                if len(dst) < e.nbytes:
+                    raise InputError(f"[{self.name}] into has {len(dst)} bytes, block {key!r} has {e.nbytes}")
+            jobs.append((e, key, dst))
+        if not jobs:
+            return []
+        for e, _, _ in jobs:
+            e.readers += 1
+        try:
+            res = await anyio.to_thread.run_sync(self._read_batch, jobs, limiter=self._limiter)
+        finally:
+            for e, _, _ in jobs:
+                e.readers -= 1
+                self._maybe_free(e)
+        first: BaseException | None = None
+        quarantine: list[tuple[str, _Entry]] = []
+        seen: set[str] = set()
+        for (e, key, _), r in zip(jobs, res, strict=True):
+            if isinstance(r, IntegrityError):
+                if self._index.get(key) is e and key not in seen:
+                    seen.add(key)
+                    quarantine.append((key, e))
+                    first = first or r
+                else:
+                    first = first or BlockNotFoundError(f"block {key!r} was evicted during read", tier=self.name)
+            elif isinstance(r, OSError):
+                first = first or BackendIOError(f"read of {key!r} failed: {r}", tier=self.name)
+                first.__cause__ = r
+            elif isinstance(r, BaseException):
+                first = first or r
+        if quarantine:
+            try:
+                await self._remove_many(quarantine)
+            except BackendIOError:
+                pass  # the integrity error below is the one to report
+        if first is not None:
+            raise first
+        nbytes = sum(e.nbytes for e, _, _ in jobs)
+        self._counters["reads"] += len(jobs)
+        self._counters["bytes_read"] += nbytes
+        return list(res)
+
+    async def evict_many(self, keys: Sequence[str]) -> list[bool]:
+        """Remove several blocks durably: free headers over every slot, then one fdatasync per
+        slab file, before returning. Idempotent per key; a key twice in the batch is removed
+        once (True, then False). Raises InputError (before anything is removed),
+        BackendClosedError, BackendIOError (slots that could not be freed are never reused)."""
+        self._check_open()
+        for key in keys:
+            validate_key(key, tier=self.name)
+        out: list[bool] = []
+        victims: list[tuple[str, _Entry]] = []
+        taken: set[str] = set()
+        for key in keys:
+            a = self._pending.get(key)
+            if a is not None:
+                si, slot = self._pending_slot[key]
+                self._drop_pending(a)
+                if not self._write_in_flight(si, slot):
+                    self._release_slot(si, slot)
+                out.append(True)
+                continue
+            e = self._index.get(key)
+            if e is None or key in taken:
+                out.append(False)
+                continue
+            taken.add(key)
+            victims.append((key, e))
+            out.append(True)
+        if victims:
+            await self._remove_many(victims)
+            self._counters["evictions"] += len(victims)
+        return out
+
+    async def _remove_many(self, victims: list[tuple[str, _Entry]]) -> None:
+        """Hide every block at once, then free their slots durably (shielded, one fdatasync per slab)."""
+        for key, e in victims:
+            del self._index[key]
+            self._used -= self._held(e.slab, e.nbytes)
+            self._logical -= e.nbytes
+            e.dead = True
+        slots = [(e.slab, e.slot) for _, e in victims]
+        with anyio.CancelScope(shield=True):
+            try:
+                freed = await anyio.to_thread.run_sync(self._invalidate_batch, slots, limiter=self._limiter)
+            except Exception:
+                freed = [False] * len(slots)
+        failed: list[str] = []
+        for (key, e), ok in zip(victims, freed, strict=True):
+            if ok:
+                e.invalidated = True
+                self._maybe_free(e)
+            else:
+                self._poisoned.add((e.slab, e.slot))
+                failed.append(key)
+        if failed:
+            raise BackendIOError(f"evict of {len(failed)} block(s) failed, e.g. {failed[0]!r}", tier=self.name)
 
     def _write_in_flight(self, si: int, slot: int) -> bool:
         return (si, slot) in self._inflight
