@@ -11,11 +11,16 @@ venv="${TIERKV_TEST_VENV:-.venv-test}"
 source scripts/_venv.sh "$venv" "test,demo,codecs,replay,cxl,rdma,conformance"
 # the third-party example backend is installed like any user's plugin
 "$venv/bin/pip" install -q -e ./examples/redis_backend
-if ! command -v redis-server >/dev/null 2>&1; then
+# system packages the tests need: redis-server (the example third-party backend) and libibverbs
+# (Mooncake's wheel links it even for TCP)
+need=()
+command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
+ldconfig -p 2>/dev/null | grep -q 'libibverbs.so.1' || need+=(libibverbs1)
+if [ "${#need[@]}" -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >/dev/null
+        (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}") >/dev/null
     else
-        echo "redis-server missing and cannot be installed (not root): the redis example tests will fail" >&2
+        echo "missing system packages ${need[*]} and cannot install them (not root): their tests will fail" >&2
     fi
 fi
 export PATH="$PWD/$venv/bin:$PATH"
