@@ -14,6 +14,7 @@ from ._backend import (
     BlockInfo,
     Buffer,
     Capabilities,
+    SupportsContentHash,
     SupportsDeviceIO,
     SupportsScan,
     TierKind,
@@ -46,7 +47,7 @@ from ._errors import (
 )
 from ._keys import Scope
 from ._model import AttentionKind, ModelSpec
-from ._tierkv import GetResult, LookupResult, PutResult, TierKV, TierStats
+from ._tierkv import CheckpointResult, GetResult, LookupResult, PutResult, TierKV, TierStats
 
 __version__ = "0.1.0"
 
@@ -68,6 +69,7 @@ __all__ = [
     "Buffer",
     "Capabilities",
     "CapacityError",
+    "CheckpointResult",
     "ClosedError",
     "CodecError",
     "Config",
@@ -88,6 +90,7 @@ __all__ = [
     "PutResult",
     "SchedulerError",
     "Scope",
+    "SupportsContentHash",
     "SupportsDeviceIO",
     "SupportsScan",
     "TierConfig",

@@ -55,6 +55,7 @@ __all__ = [
     "BlockInfo",
     "Buffer",
     "Capabilities",
+    "SupportsContentHash",
     "SupportsDeviceIO",
     "SupportsScan",
     "TierKind",
@@ -445,4 +446,14 @@ class SupportsDeviceIO(Protocol):
 
     async def read_device(self, key: str, *, into: Any) -> Any:
         """Like :meth:`Backend.read` into a device tensor; returns a view of ``into``."""
+        ...
+
+
+@runtime_checkable
+class SupportsContentHash(Protocol):
+    """A content-addressed backend tells the content hash of a committed block
+    (checkpoint manifests reference blocks by it)."""
+
+    async def content_hash(self, key: str) -> str | None:
+        """``"sha256"`` hex digest of the block's bytes, or None if absent."""
         ...

@@ -582,6 +582,14 @@ class PfsBackend(Backend):
             return True
         return False
 
+    async def content_hash(self, key: str) -> str | None:
+        """The sha256 (hex) content address of the block under ``key``, or None
+        (:class:`~tierkv.SupportsContentHash`; no I/O)."""
+        self._check_open()
+        validate_key(key, tier=self.name)
+        rec = self._index.get(key)
+        return None if rec is None else rec.sha
+
     async def contains(self, key: str) -> bool:
         self._check_open()
         validate_key(key, tier=self.name)
