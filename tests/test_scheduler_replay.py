@@ -1,0 +1,213 @@
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tierkv.scheduler._policies import (
+    ArcPolicy,
+    BeladyPolicy,
+    LfuPolicy,
+    LruPolicy,
+    OptGen,
+    S3FifoPolicy,
+    TierKVOptions,
+    TierKVPolicy,
+    TinyLfuPolicy,
+    next_use_index,
+)
+from tierkv.scheduler._replay import ABLATIONS, POLICIES, load_trace, main, make_policy, replay
+
+DATA = Path(__file__).parent / "data" / "traces"
+SLICE = DATA / "mooncake_conversation_slice300.jsonl"
+
+
+def run(policy: object, reqs: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+    return [policy.request(r, float(i), False) for i, r in enumerate(reqs)]  # type: ignore[attr-defined]
+
+
+def singles(seq: Sequence[int]) -> list[list[int]]:
+    return [[b] for b in seq]
+
+
+SEQ = [1, 2, 3, 1, 4, 1, 2, 5, 1, 2, 3, 4]
+
+
+def test_lru_known_hits() -> None:
+    # capacity 2: hits only on the 1 at index 5 (1,4 resident after [1,4])... computed by hand
+    out = run(LruPolicy(2), singles([1, 2, 1, 3, 2, 1]))
+    assert [h for _, h in out] == [0, 0, 1, 0, 0, 0]
+    out = run(LruPolicy(3), singles([1, 2, 1, 3, 2, 1]))
+    assert [h for _, h in out] == [0, 0, 1, 0, 1, 1]
+
+
+def test_belady_optimal_on_known_sequence() -> None:
+    # textbook: capacity 3 -> MIN has 5 misses on 12 refs of the classic string below
+    seq = [7, 0, 1, 2, 0, 3, 0, 4, 2, 3, 0, 3]
+    reqs = singles(seq)
+    hits = sum(h for _, h in run(BeladyPolicy(3, next_use_index(reqs)), reqs))
+    assert hits == 12 - 6  # 4 compulsory misses (7,0,1,2) + 2 more (3, 4); bypass keeps the rest
+
+
+def brute_force_opt(seq: list[int], cap: int) -> int:
+    """Max hits with bypass allowed, by exhaustive search over eviction choices (tiny inputs)."""
+    best = 0
+
+    def go(i: int, cache: frozenset[int], hits: int) -> None:
+        nonlocal best
+        if i == len(seq):
+            best = max(best, hits)
+            return
+        b = seq[i]
+        if b in cache:
+            go(i + 1, cache, hits + 1)
+            return
+        go(i + 1, cache, hits)  # bypass
+        if len(cache) < cap:
+            go(i + 1, cache | {b}, hits)
+        else:
+            for v in cache:
+                go(i + 1, (cache - {v}) | {b}, hits)
+
+    go(0, frozenset(), 0)
+    return best
+
+
+@settings(deadline=None, max_examples=40)
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=9), st.integers(1, 3))
+def test_belady_matches_brute_force(seq: list[int], cap: int) -> None:
+    reqs = singles(seq)
+    hits = sum(h for _, h in run(BeladyPolicy(cap, next_use_index(reqs)), reqs))
+    assert hits == brute_force_opt(seq, cap)
+
+
+@settings(deadline=None, max_examples=30)
+@given(st.lists(st.lists(st.integers(0, 30), min_size=1, max_size=6), min_size=1, max_size=40), st.integers(1, 12))
+def test_every_policy_is_sane_and_belady_bounds_block_hits(reqs: list[list[int]], cap: int) -> None:
+    bel = sum(h for _, h in run(BeladyPolicy(cap, next_use_index(reqs)), reqs))
+    for pol in (
+        LruPolicy(cap),
+        LfuPolicy(cap),
+        ArcPolicy(cap),
+        S3FifoPolicy(cap),
+        TinyLfuPolicy(cap),
+        TierKVPolicy(cap),
+    ):
+        out = run(pol, reqs)
+        for (lead, hits), r in zip(out, reqs, strict=True):
+            assert 0 <= lead <= hits <= len(r)
+        if len(set(b for r in reqs for b in r)) == sum(len(r) for r in reqs):
+            assert sum(h for _, h in out) == 0
+        assert sum(h for _, h in out) <= bel or not all(len(set(r)) == len(r) for r in reqs)
+
+
+def test_policies_never_exceed_capacity() -> None:
+    rnd = random.Random(1)
+    reqs = [[rnd.randrange(200) for _ in range(rnd.randrange(1, 8))] for _ in range(500)]
+    for cap in (1, 5, 37):
+        for pol in (
+            LruPolicy(cap),
+            LfuPolicy(cap),
+            S3FifoPolicy(cap),
+            TierKVPolicy(cap),
+            BeladyPolicy(cap, next_use_index(reqs)),
+        ):
+            run(pol, reqs)
+            assert len(pol.cache if hasattr(pol, "cache") else pol.freq) <= cap  # type: ignore[union-attr]
+        arc = ArcPolicy(cap)
+        run(arc, reqs)
+        assert len(arc.t1) + len(arc.t2) <= cap
+        tl = TinyLfuPolicy(cap)
+        run(tl, reqs)
+        assert len(tl.win) + len(tl.prob) + len(tl.prot) <= cap
+
+
+def test_prefix_hits_count_only_the_leading_run() -> None:
+    lru = LruPolicy(10)
+    lru.request([1, 2, 3], 0.0, False)
+    lru.cache.pop(1)
+    assert lru.request([1, 2, 3], 1.0, False) == (0, 2)
+
+
+def test_lfu_keeps_frequent() -> None:
+    out = run(LfuPolicy(2), singles([1, 1, 1, 2, 3, 1]))
+    assert out[-1][1] == 1
+
+
+def test_tierkv_keeps_shared_prefix() -> None:
+    # block 0 is a shared system prompt, every other request is unique: tierkv must keep hitting block 0
+    reqs = [[0, 1000 + 10 * i, 1001 + 10 * i, 1002 + 10 * i] for i in range(300)]
+    out = run(TierKVPolicy(4), reqs)
+    assert sum(lead for lead, _ in out[100:]) >= 190
+
+
+def test_optgen_matches_belady_on_unit_requests() -> None:
+    rnd = random.Random(3)
+    seq = [rnd.randrange(20) for _ in range(400)]
+    reqs = singles(seq)
+    g = OptGen(5, window=10_000)
+    labels = sum(sum(g.label(r)) for r in reqs)
+    bel = sum(h for _, h in run(BeladyPolicy(5, next_use_index(reqs)), reqs))
+    assert labels == bel
+
+
+def test_ablation_options() -> None:
+    assert set(ABLATIONS) >= {"tierkv-no-predictor", "tierkv-no-prefix-tree", "tierkv-no-bypass"}
+    assert not TierKVOptions(predictor=False).predictor
+
+
+def test_load_trace_and_replay_slice() -> None:
+    tr = load_trace(SLICE)
+    assert len(tr.blocks) == 300 and tr.accesses == sum(len(b) for b in tr.blocks)
+    tr2 = load_trace(SLICE, block_tokens=1024)
+    assert tr2.accesses < tr.accesses
+    for name in (*POLICIES, *ABLATIONS):
+        pol = make_policy(name, 50, tr)
+        raw = replay(tr, pol, split_time=tr.times[120])
+        assert raw["accesses"] > 0 and 0 <= raw["block_hits"] <= raw["accesses"]
+    with pytest.raises(ValueError):
+        load_trace(SLICE, block_tokens=100)
+    with pytest.raises(ValueError):
+        make_policy("nope", 1, tr)
+
+
+def test_cli_json_and_plot(tmp_path: Path) -> None:
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    rc = main(
+        [str(SLICE), "--capacity", "5%,20%", "--policies", "lru,belady,tierkv", "--tiers", "hbm=5%,dram=20%",
+         "--json", str(out), "--plot", str(png), "--no-progress"]
+    )  # fmt: skip
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert {"trace", "block_tokens", "split", "results"} <= set(doc)
+    assert doc["block_tokens"] == 512 and doc["split"] == 0.4
+    rows = doc["results"]
+    assert len(rows) == 3 * 3
+    keys = {"policy", "capacity_fraction", "capacity_blocks", "block_hit_rate", "prefix_hit_rate",
+            "prefill_tokens_saved", "modeled_ttft_s", "accesses_per_s"}  # fmt: skip
+    for r in rows:
+        assert keys <= set(r)
+        assert 0.0 <= r["prefix_hit_rate"] <= r["block_hit_rate"] <= 1.0
+        assert r["modeled_ttft_s"] > 0 and r["accesses_per_s"] > 0
+    tier_rows = [r for r in rows if "tiers" in r]
+    assert len(tier_rows) == 3 and set(tier_rows[0]["hits_per_tier"]) == {"hbm", "dram"}
+    bel = {r["capacity_fraction"]: r for r in rows if r["policy"] == "belady" and "tiers" not in r}
+    lru = {r["capacity_fraction"]: r for r in rows if r["policy"] == "lru" and "tiers" not in r}
+    for f in bel:
+        assert bel[f]["block_hit_rate"] >= lru[f]["block_hit_rate"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path / "missing.jsonl"), "--no-progress"]) == 2
+    assert main([str(SLICE), "--policies", "nope", "--no-progress"]) == 2
+    assert main([str(SLICE), "--capacity", "150%", "--no-progress"]) == 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"timestamp": 1}\n')
+    assert main([str(bad), "--no-progress"]) == 2
+    assert "tierkv replay" in capsys.readouterr().err

@@ -1,0 +1,88 @@
+"""Predictive scheduler: the pure decision logic (no I/O).
+
+* :class:`ReusePredictor` -- Beta posteriors per (block type x transition) with per-block evidence.
+* :class:`HeadImportance` -- head-granular EMA attention importance (GQA max, MLA per layer).
+* :class:`PrefetchWindow` -- RoPE-aware prefetch window per layer class.
+* :class:`ToolChain` -- agentic Markov chain over tools with KV size profiles; session classes.
+* :func:`gate` -- fetch-vs-recompute decision; :class:`TierEstimator` EWMA of tier latency/bandwidth.
+* :class:`CircuitBreaker` -- per-tier health (closed / open / half-open) with an injectable clock.
+* :func:`placement_value`, :func:`choose_tier` -- dollar value per block and tier, hysteresis.
+* ``tierkv replay`` -- the trace-replay lab lives in ``tierkv.scheduler._replay`` (``main(argv)``).
+
+Importing this package does no I/O and imports neither matplotlib nor torch.
+"""
+
+from ._breaker import BreakerState, CircuitBreaker
+from ._gate import (
+    GateDecision,
+    LoadFailurePolicy,
+    TierEstimator,
+    fetch_seconds,
+    gate,
+    parse_load_failure_policy,
+    recompute_seconds,
+)
+from ._importance import HeadImportance
+from ._markov import SessionClass, SizeProfile, ToolChain, classify_session
+from ._placement import (
+    DEFAULT_TIER_USD_PER_GB_HOUR,
+    PlacementConfig,
+    choose_tier,
+    is_protected,
+    placement_value,
+    should_move,
+)
+from ._predictor import (
+    BLOCK_TYPES,
+    TRANSITIONS,
+    PredictorConfig,
+    ReusePredictor,
+    beta_mean,
+    blend,
+    cell_index,
+    confidence,
+    count_bucket,
+    derive_block_type,
+    derive_transition,
+    fanout_bucket,
+    size_bucket,
+)
+from ._prefetch import PrefetchWindow, attention_span
+
+__all__ = [
+    "BLOCK_TYPES",
+    "DEFAULT_TIER_USD_PER_GB_HOUR",
+    "TRANSITIONS",
+    "BreakerState",
+    "CircuitBreaker",
+    "GateDecision",
+    "HeadImportance",
+    "LoadFailurePolicy",
+    "PlacementConfig",
+    "PredictorConfig",
+    "PrefetchWindow",
+    "ReusePredictor",
+    "SessionClass",
+    "SizeProfile",
+    "TierEstimator",
+    "ToolChain",
+    "attention_span",
+    "beta_mean",
+    "blend",
+    "cell_index",
+    "choose_tier",
+    "classify_session",
+    "confidence",
+    "count_bucket",
+    "derive_block_type",
+    "derive_transition",
+    "fanout_bucket",
+    "fetch_seconds",
+    "gate",
+    "is_protected",
+    "parse_load_failure_policy",
+    "placement_value",
+    "recompute_seconds",
+    "should_move",
+    "size_bucket",
+]

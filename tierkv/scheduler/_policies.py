@@ -1,0 +1,700 @@
+"""Cache policies for the trace-replay lab (block-granular prefix caches of a fixed capacity).
+
+Every policy implements :class:`Policy`: ``request(ids, now, tail_partial)`` looks up the request's
+chained prefix-block ids *before* changing anything (so a request never hits on blocks it inserts itself),
+then touches/inserts them, and returns ``(leading_hits, block_hits)``: the length of the leading run of
+resident blocks (what a prefix cache can reuse) and the number of resident blocks.
+
+Classical baselines touch blocks in request order, as a serving engine does:
+
+* ``lru`` -- least recently used.
+* ``lfu`` -- least frequently used (frequency while resident), ties broken by recency.
+* ``arc`` -- Adaptive Replacement Cache (Megiddo & Modha, FAST'03): T1/T2 plus ghost lists B1/B2.
+* ``s3fifo`` -- S3-FIFO (Yang et al., SOSP'23): small FIFO (10%), main FIFO with 2-bit frequency, ghost FIFO.
+* ``tinylfu`` -- W-TinyLFU (Einziger et al., 2017): 1% window LRU, segmented-LRU main (20% probation),
+  admission by frequency. The frequency "sketch" is an exact counter dict halved every ``10 x capacity``
+  accesses (the reset/ageing of TinyLFU without the count-min approximation).
+* ``belady`` -- Belady's MIN with bypass (offline, needs the next-use index of every access): evicts the
+  block used furthest in the future and does not admit a block whose next use is further than every
+  resident block's. An upper bound for block hits; prefix-consistent because a parent's next use always
+  precedes its child's.
+
+``tierkv`` is :class:`TierKVPolicy`, driven by the library's :class:`~tierkv.scheduler.ReusePredictor`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from .._errors import ConfigError
+from ._predictor import N_CELLS, PredictorConfig, ReusePredictor
+
+__all__ = [
+    "ArcPolicy",
+    "BeladyPolicy",
+    "LfuPolicy",
+    "LruPolicy",
+    "OptGen",
+    "Policy",
+    "S3FifoPolicy",
+    "TierKVOptions",
+    "TierKVPolicy",
+    "TinyLfuPolicy",
+    "next_use_index",
+]
+
+_INF = 1 << 62
+_LN4 = math.log(4.0)
+_LN_HALF = math.log(0.5)
+_QUANTA = 64.0  # tierkv keys are quantised to 1/64 of a natural-log unit
+
+
+class Policy(Protocol):
+    """A replayable cache policy of a fixed capacity in blocks."""
+
+    name: str
+
+    def request(self, ids: Sequence[int], now: float, tail_partial: bool) -> tuple[int, int]:
+        """Serve one request; return ``(leading_hits, block_hits)``."""
+        ...
+
+
+def _hits(cache: dict[int, object] | OrderedDict[int, object], ids: Sequence[int]) -> tuple[int, int, list[bool]]:
+    flags = [b in cache for b in ids]
+    lead = 0
+    for f in flags:
+        if not f:
+            break
+        lead += 1
+    return lead, sum(flags), flags
+
+
+class LruPolicy:
+    """Least recently used."""
+
+    __slots__ = ("cache", "capacity", "name")
+
+    def __init__(self, capacity: int) -> None:
+        self.name = "lru"
+        self.capacity = capacity
+        self.cache: OrderedDict[int, None] = OrderedDict()
+
+    def request(self, ids: Sequence[int], now: float, tail_partial: bool) -> tuple[int, int]:
+        cache = self.cache
+        lead, hits, _flags = _hits(cache, ids)  # type: ignore[arg-type]
+        cap = self.capacity
+        move = cache.move_to_end
+        for b in ids:
+            if b in cache:
+                move(b)
+            else:
+                if len(cache) >= cap:
+                    cache.popitem(last=False)
+                cache[b] = None
+        return lead, hits
+
+
+class LfuPolicy:
+    """Least frequently used (in-cache frequency), ties by least recent; lazy heap."""
+
+    __slots__ = ("cache", "capacity", "clock", "heap", "name")
+
+    def __init__(self, capacity: int) -> None:
+        self.name = "lfu"
+        self.capacity = capacity
+        self.cache: dict[int, tuple[int, int]] = {}
+        self.heap: list[tuple[int, int, int]] = []
+        self.clock = 0
+
+    def request(self, ids: Sequence[int], now: float, tail_partial: bool) -> tuple[int, int]:
+        cache, heap = self.cache, self.heap
+        lead, hits, _flags = _hits(cache, ids)  # type: ignore[arg-type]
+        for b in ids:
+            self.clock += 1
+            if b in cache:
+                freq = cache[b][0] + 1
+            else:
+                freq = 1
+                while len(cache) >= self.capacity:
+                    fr, ck, v = heapq.heappop(heap)
+                    if cache.get(v) == (fr, ck):
+                        del cache[v]
+            cache[b] = (freq, self.clock)
+            heapq.heappush(heap, (freq, self.clock, b))
+        if len(heap) > 4 * len(cache) + 1024:
+            self.heap = [(fr, ck, v) for v, (fr, ck) in cache.items()]
+            heapq.heapify(self.heap)
+        return lead, hits
+
+
+class ArcPolicy:
+    """Adaptive Replacement Cache."""
+
+    __slots__ = ("b1", "b2", "c", "name", "p", "t1", "t2")
+
+    def __init__(self, capacity: int) -> None:
+        self.name = "arc"
+        self.c = capacity
+        self.p = 0.0
+        self.t1: OrderedDict[int, None] = OrderedDict()
+        self.t2: OrderedDict[int, None] = OrderedDict()
+        self.b1: OrderedDict[int, None] = OrderedDict()
+        self.b2: OrderedDict[int, None] = OrderedDict()
+
+    def _replace(self, in_b2: bool) -> None:
+        t1, t2 = self.t1, self.t2
+        if t1 and (len(t1) > self.p or (in_b2 and len(t1) == self.p)):
+            k, _ = t1.popitem(last=False)
+            self.b1[k] = None
+        elif t2:
+            k, _ = t2.popitem(last=False)
+            self.b2[k] = None
+        else:
+            k, _ = t1.popitem(last=False)
+            self.b1[k] = None
+
+    def request(self, ids: Sequence[int], now: float, tail_partial: bool) -> tuple[int, int]:
+        t1, t2, b1, b2, c = self.t1, self.t2, self.b1, self.b2, self.c
+        flags = [(b in t1 or b in t2) for b in ids]
+        lead = 0
+        for f in flags:
+            if not f:
+                break
+            lead += 1
+        for b in ids:
+            if b in t1 or b in t2:
+                if b in t1:
+                    del t1[b]
+                else:
+                    del t2[b]
+                t2[b] = None
+                continue
+            if b in b1:
+                self.p = min(float(c), self.p + max(len(b2) / len(b1), 1.0))
+                self._replace(False)
+                del b1[b]
+                t2[b] = None
+            elif b in b2:
+                self.p = max(0.0, self.p - max(len(b1) / len(b2), 1.0))
+                self._replace(True)
+                del b2[b]
+                t2[b] = None
+            else:
+                l1 = len(t1) + len(b1)
+                if l1 == c:
+                    if len(t1) < c:
+                        b1.popitem(last=False)
+                        self._replace(False)
+                    else:
+                        t1.popitem(last=False)
+                elif l1 < c and l1 + len(t2) + len(b2) >= c:
+                    if l1 + len(t2) + len(b2) >= 2 * c:
+                        b2.popitem(last=False)
+                    if len(t1) + len(t2) >= c:
+                        self._replace(False)
+                t1[b] = None
+        return lead, sum(flags)
+
+
+class S3FifoPolicy:
+    """S3-FIFO: small FIFO (10%), main FIFO with frequency bits (max 3), ghost FIFO of main's size."""
+
+    __slots__ = ("freq", "ghost", "main", "main_cap", "name", "small", "small_cap")
+
+    def __init__(self, capacity: int) -> None:
+        self.name = "s3fifo"
+        self.small_cap = max(1, capacity // 10)
+        self.main_cap = capacity - self.small_cap  # 0 only when capacity == 1
+        self.small: OrderedDict[int, None] = OrderedDict()
+        self.main: OrderedDict[int, None] = OrderedDict()
+        self.ghost: OrderedDict[int, None] = OrderedDict()
+        self.freq: dict[int, int] = {}
+
+    def _evict_main(self) -> None:
+        main, freq = self.main, self.freq
+        while main:
+            k, _ = main.popitem(last=False)
+            f = freq[k]
+            if f > 0:
+                freq[k] = f - 1
+                main[k] = None
+            else:
+                del freq[k]
+                return
+
+    def _evict_small(self) -> None:
+        small, freq = self.small, self.freq
+        while small:
+            k, _ = small.popitem(last=False)
+            if freq[k] > 0 and self.main_cap > 0:
+                freq[k] = 0
+                if len(self.main) >= self.main_cap:
+                    self._evict_main()
+                self.main[k] = None
+            else:
+                del freq[k]
+                ghost = self.ghost
+                ghost[k] = None
+                if len(ghost) > max(1, self.main_cap):
+                    ghost.popitem(last=False)
+                return
+
+    def request(self, ids: Sequence[int], now: float, tail_partial: bool) -> tuple[int, int]:
+        freq = self.freq
+        lead, hits, _flags = _hits(freq, ids)  # type: ignore[arg-type]
+        for b in ids:
+            if b in freq:
+                v = freq[b]
+                if v < 3:
+                    freq[b] = v + 1
+                continue
+            if b in self.ghost and self.main_cap > 0:
+                del self.ghost[b]
+                while len(self.main) >= self.main_cap:
+                    self._evict_main()
+                self.main[b] = None
+            else:
+                while len(self.small) >= self.small_cap:
+                    self._evict_small()
+                self.small[b] = None
+            freq[b] = 0
+        return lead, hits
+
+
+class TinyLfuPolicy:
+    """W-TinyLFU: window LRU (1%) -> TinyLFU admission -> SLRU main (probation 20% / protected 80%)."""
+
+    __slots__ = ("counts", "name", "prob", "prob_cap", "prot", "prot_cap", "reset_at", "seen", "win", "win_cap")
+
+    def __init__(self, capacity: int) -> None:
+        self.name = "tinylfu"
+        self.win_cap = max(1, capacity // 100)
+        main = capacity - self.win_cap
+        self.prot_cap = int(main * 0.8)
+        self.prob_cap = main - self.prot_cap
+        self.win: OrderedDict[int, None] = OrderedDict()
+        self.prob: OrderedDict[int, None] = OrderedDict()
+        self.prot: OrderedDict[int, None] = OrderedDict()
+        self.counts: dict[int, int] = {}
+        self.seen = 0
+        self.reset_at = 10 * capacity
+
+    def _count(self, b: int) -> None:
+        c = self.counts
+        c[b] = c.get(b, 0) + 1
+        self.seen += 1
+        if self.seen >= self.reset_at:
+            self.seen //= 2
+            self.counts = {k: v // 2 for k, v in c.items() if v > 1}
+
+    def _to_main(self, cand: int) -> None:
+        prob, prot = self.prob, self.prot
+        if self.prob_cap + self.prot_cap == 0:
+            return
+        if len(prob) + len(prot) < self.prob_cap + self.prot_cap:
+            prob[cand] = None
+            return
+        victim = next(iter(prob)) if prob else next(iter(prot))
+        c = self.counts
+        if c.get(cand, 0) > c.get(victim, 0):
+            if victim in prob:
+                del prob[victim]
+            else:
+                del prot[victim]
+            prob[cand] = None
+
+    def request(self, ids: Sequence[int], now: float, tail_partial: bool) -> tuple[int, int]:
+        win, prob, prot = self.win, self.prob, self.prot
+        flags = [(b in win or b in prob or b in prot) for b in ids]
+        lead = 0
+        for f in flags:
+            if not f:
+                break
+            lead += 1
+        for b in ids:
+            self._count(b)
+            if b in win or b in prob or b in prot:
+                if b in win:
+                    win.move_to_end(b)
+                elif b in prob:
+                    del prob[b]
+                    prot[b] = None
+                    if len(prot) > self.prot_cap:
+                        k, _ = prot.popitem(last=False)
+                        prob[k] = None
+                else:
+                    prot.move_to_end(b)
+                continue
+            win[b] = None
+            if len(win) > self.win_cap:
+                k, _ = win.popitem(last=False)
+                self._to_main(k)
+        return lead, sum(flags)
+
+
+def next_use_index(requests: Sequence[Sequence[int]]) -> list[list[int]]:
+    """For every access (request i, position j): the global access index of the block's next use, or a huge int."""
+    out: list[list[int]] = [[] for _ in requests]
+    nxt: dict[int, int] = {}
+    pos = sum(len(r) for r in requests)
+    for i in range(len(requests) - 1, -1, -1):
+        ids = requests[i]
+        pos -= len(ids)
+        row = [0] * len(ids)
+        for j in range(len(ids) - 1, -1, -1):
+            b = ids[j]
+            row[j] = nxt.get(b, _INF)
+            nxt[b] = pos + j
+        out[i] = row
+    return out
+
+
+class BeladyPolicy:
+    """Belady's MIN with bypass; ``next_uses[i]`` is :func:`next_use_index` for request ``i`` (served in order)."""
+
+    __slots__ = ("cache", "capacity", "heap", "i", "name", "next_uses")
+
+    def __init__(self, capacity: int, next_uses: list[list[int]]) -> None:
+        self.name = "belady"
+        self.capacity = capacity
+        self.next_uses = next_uses
+        self.cache: dict[int, int] = {}
+        self.heap: list[tuple[int, int]] = []  # (-next_use, block)
+        self.i = 0
+
+    def request(self, ids: Sequence[int], now: float, tail_partial: bool) -> tuple[int, int]:
+        cache, heap, cap = self.cache, self.heap, self.capacity
+        lead, hits, _flags = _hits(cache, ids)  # type: ignore[arg-type]
+        nu_row = self.next_uses[self.i]
+        self.i += 1
+        push, pop = heapq.heappush, heapq.heappop
+        for b, nu in zip(ids, nu_row, strict=True):
+            if b in cache:
+                if nu >= _INF:
+                    del cache[b]
+                else:
+                    cache[b] = nu
+                    push(heap, (-nu, b))
+                continue
+            if nu >= _INF:
+                continue
+            if len(cache) >= cap:
+                while True:
+                    neg, v = heap[0]
+                    if cache.get(v) == -neg:
+                        break
+                    pop(heap)
+                if -neg <= nu:
+                    continue  # bypass: everything resident is needed sooner
+                pop(heap)
+                del cache[v]
+            cache[b] = nu
+            push(heap, (-nu, b))
+        if len(heap) > 4 * len(cache) + 1024:
+            self.heap = [(-nu, v) for v, nu in cache.items()]
+            heapq.heapify(self.heap)
+        return lead, hits
+
+
+@dataclass(frozen=True, slots=True)
+class TierKVOptions:
+    """Components of the tierkv policy; each flag off is one ablation.
+
+    * ``predictor`` -- a block's value is its predicted reuse probability (off: every block worth 1, so
+      the ranking degenerates to recency: LRU with the other components).
+    * ``prefix_tree`` -- a parent ranks at least as high as any of its children in the request (a child
+      is useless without its parent) and blocks are touched leaf-first.
+    * ``fanout`` -- blocks shared by ``fanout_protect`` or more continuations are protected (value x4).
+    * ``bypass`` -- do not admit a block that would rank below the current victim.
+    * ``size`` -- a partial trailing block is worth half (its id changes as soon as tokens are appended).
+    * ``optgen`` -- train the predictor on what an optimal cache of this size would have kept
+      (:class:`OptGen` over the past) instead of on "reused within the horizon".
+    * ``quick_step`` -- seconds: a continuation this soon after its previous turn is labelled
+      ``reasoning_step`` (0 disables the rule; ablation ``tierkv-no-quick-step``).
+    * ``shape`` -- prompt length and block position as predictor evidence (off: one shape bucket).
+    * ``decay`` -- exponential recency decay with time constant ``tau_s`` (off: no recency at all).
+    """
+
+    predictor: bool = True
+    prefix_tree: bool = True
+    fanout: bool = True
+    bypass: bool = True
+    size: bool = True
+    decay: bool = True
+    optgen: bool = True
+    fanout_protect: int = 4
+    tau_s: float = 300.0
+    quick_step: float = 30.0
+    shape: bool = True
+    predictor_config: PredictorConfig = field(default_factory=PredictorConfig)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.fanout_protect, bool) or not isinstance(self.fanout_protect, int) or self.fanout_protect < 2:
+            raise ConfigError("tierkv.fanout_protect", self.fanout_protect, "an integer >= 2")
+        if not (isinstance(self.tau_s, (int, float)) and math.isfinite(self.tau_s) and self.tau_s > 0):
+            raise ConfigError("tierkv.tau_s", self.tau_s, "a finite number > 0")
+        if not (isinstance(self.quick_step, (int, float)) and math.isfinite(self.quick_step) and self.quick_step >= 0):
+            raise ConfigError("tierkv.quick_step", self.quick_step, "a finite number >= 0")
+
+
+class OptGen:
+    """Causal reconstruction of Belady's decisions on the past (OPTgen, Jain & Lin, ISCA'16).
+
+    Time advances one quantum per request. When a block is accessed again, the interval since its previous
+    access was an optimal-cache hit iff the cache occupancy (blocks an optimal cache of ``capacity`` holds
+    live) stayed below ``capacity`` over the whole interval; a hit then occupies the interval. Intervals
+    longer than ``window`` quanta count as misses. ``label`` needs only the past: no future information.
+    """
+
+    __slots__ = ("capacity", "i", "lastq", "occ", "window")
+
+    def __init__(self, capacity: int, window: int = 4096) -> None:
+        self.capacity = capacity
+        self.window = window
+        self.occ = np.zeros(window, dtype=np.int64)
+        self.lastq: dict[int, int] = {}
+        self.i = -1
+
+    def label(self, ids: Sequence[int]) -> list[bool]:
+        """Start the next quantum with this request; return per block whether its reuse was an OPT hit."""
+        self.i += 1
+        i, w, occ, lastq, cap = self.i, self.window, self.occ, self.lastq, self.capacity
+        e = i % w
+        occ[e] = 0
+        out = [False] * len(ids)
+        groups: dict[int, list[int]] = {}
+        for j, b in enumerate(ids):
+            q = lastq.get(b)
+            if q is not None and i - q < w and q < i:
+                g = groups.get(q)
+                if g is None:
+                    groups[q] = [j]
+                else:
+                    g.append(j)
+            lastq[b] = i
+        for q, js in groups.items():
+            a = q % w
+            if a < e:
+                m = int(occ[a:e].max())
+            else:
+                m = int(occ[a:].max())
+                if e:
+                    m = max(m, int(occ[:e].max()))
+            room = cap - m
+            if room <= 0:
+                continue
+            take = js[:room]  # positions in order: parents first
+            k = len(take)
+            if a < e:
+                occ[a:e] += k
+            else:
+                occ[a:] += k
+                if e:
+                    occ[:e] += k
+            for j in take:
+                out[j] = True
+        return out
+
+
+class TierKVPolicy:
+    """tierkv's replay policy: predicted reuse probability with exponential recency decay.
+
+    A resident block's chance of being reused soon is modelled as ``p * exp(-(now - t_last) / tau)``:
+    ``p`` is the predictor's reuse probability (labels derived causally, see
+    :mod:`tierkv.scheduler._predictor`), halved for a partial tail block, x4 for a high-fanout prefix, and
+    never below a descendant's in the same request; ``t_last`` the last access;
+    ``tau`` a time constant of the order of the gap between turns of a conversation (300 s; chosen on the
+    first 40% of the Mooncake conversation trace, whose turn gaps have p50 117 s and p75 240 s); fixed,
+    because keys computed with different ``tau`` would not be comparable. Reuse outcomes are labelled by
+    :class:`OptGen` (would an optimal cache of this size have kept the block?) within the predictor's
+    300 s horizon. Ordering by that quantity at any ``now``
+    is ordering by the static key ``ln p + t_last / tau``. Keys are quantised to 1/64 (1.6% in ``p`` or
+    ``tau / 64`` in time) and kept in FIFO buckets under a min-heap of bucket keys, so an access costs
+    O(1) dict/deque operations instead of a heap push of a tuple; the victim is the oldest block of the
+    lowest bucket. Without OptGen the predictor's horizon follows the measured residency time of the cache
+    (EWMA of victims' idle time). Either way one configuration adapts to every capacity.
+    """
+
+    __slots__ = (
+        "bheap",
+        "buckets",
+        "cache",
+        "capacity",
+        "count",
+        "entries",
+        "fanout",
+        "idle_ewma",
+        "last",
+        "name",
+        "optgen",
+        "opts",
+        "pred",
+        "tau",
+        "track_idle",
+        "turn_time",
+    )
+
+    def __init__(self, capacity: int, options: TierKVOptions | None = None, name: str = "tierkv") -> None:
+        self.name = name
+        self.capacity = capacity
+        self.opts = options or TierKVOptions()
+        self.pred = ReusePredictor(self.opts.predictor_config)
+        self.cache: dict[int, int] = {}  # block -> quantised key
+        self.buckets: dict[int, deque[int]] = {}  # quantised key -> blocks (FIFO; stale entries skipped)
+        self.bheap: list[int] = []  # quantised keys that have a bucket
+        self.entries = 0
+        self.count: dict[int, int] = {}
+        self.last: dict[int, float] = {}
+        self.fanout: dict[int, int] = {}
+        self.idle_ewma = -1.0
+        self.tau = self.opts.tau_s
+        self.optgen = OptGen(capacity) if self.opts.optgen else None
+        self.track_idle = self.optgen is None
+        self.turn_time: dict[int, float] = {}  # last two blocks of each request -> its time
+
+    def _compact(self) -> None:
+        buckets: dict[int, deque[int]] = {}
+        for b, q in self.cache.items():
+            dq = buckets.get(q)
+            if dq is None:
+                buckets[q] = deque((b,))
+            else:
+                dq.append(b)
+        self.buckets = buckets
+        self.bheap = list(buckets)
+        heapq.heapify(self.bheap)
+        self.entries = len(self.cache)
+
+    def request(self, ids: Sequence[int], now: float, tail_partial: bool) -> tuple[int, int]:
+        cache, count, fanout, pred, opts = self.cache, self.count, self.fanout, self.pred, self.opts
+        last = self.last
+        n = len(ids)
+        flags = [b in cache for b in ids]
+        lead = 0
+        for f in flags:
+            if not f:
+                break
+            lead += 1
+        hits = sum(flags)
+        # causal labels: leading run of blocks seen before (not necessarily resident)
+        seen = 0
+        for b in ids:
+            if b not in count:
+                break
+            seen += 1
+        turn_time = self.turn_time
+        if seen > 1:
+            pb = ids[seen - 1]
+            turn = count[pb]
+            pt = turn_time.get(pb)
+            tt = 2 if (opts.quick_step > 0 and pt is not None and now - pt < opts.quick_step) else 0
+        else:
+            tt = 3
+            turn = 0
+        turn_time[ids[n - 1]] = now
+        if n > 1:
+            turn_time[ids[n - 2]] = now
+        shape = opts.shape
+        sb0 = 7 * (0 if n <= 2 else min(6, (n - 1).bit_length() - 1)) if shape else 0
+        pred.advance(now)
+        ltable = pred.log_table if opts.predictor else [0.0] * N_CELLS
+        base = now / self.tau if opts.decay else 0.0
+        keys = [0.0] * n
+        cells = [0] * n
+        protect = opts.fanout_protect if opts.fanout else 1 << 60
+        boost = _LN4
+        cget, fget = count.get, fanout.get
+        tail_j = n - 1 if tail_partial else -1
+        tail_adj = _LN_HALF if opts.size else 0.0
+        for j in range(n):
+            b = ids[j]
+            c = cget(b, 0)
+            if c:
+                fo = fget(b, 0)
+                d = c if c > turn else turn
+            else:
+                fo = 0
+                d = turn
+                if j:
+                    p = ids[j - 1]
+                    fanout[p] = fget(p, 0) + 1
+            bt = 0 if (j == 0 or fo >= 2) else (3 if j == tail_j else 2)
+            cell = (
+                (
+                    ((bt * 4 + tt) * 6 + (d if d < 5 else 5)) * 4
+                    + (0 if fo == 0 else 1 if fo == 1 else 2 if fo < 4 else 3)
+                )
+                * 49
+                + sb0
+                + ((j.bit_length() if j < 32 else 6) if shape else 0)
+            )
+            cells[j] = cell
+            count[b] = c + 1
+            k = ltable[cell] + base
+            if fo >= protect:
+                k += boost
+            keys[j] = k
+        if tail_j >= 0:
+            keys[tail_j] += tail_adj
+        if self.track_idle:
+            last.update(zip(ids, [now] * n, strict=True))
+        pred.observe_many(now, ids, cells, self.optgen.label(ids) if self.optgen is not None else None)
+        order: Sequence[int] = range(n)
+        if opts.prefix_tree:
+            m = -math.inf
+            for j in range(n - 1, -1, -1):
+                if keys[j] < m:
+                    keys[j] = m
+                else:
+                    m = keys[j]
+            order = range(n - 1, -1, -1)
+        cap = self.capacity
+        bypass = opts.bypass
+        idle = self.idle_ewma
+        buckets, bheap = self.buckets, self.bheap
+        bget = buckets.get
+        for j in order:
+            b = ids[j]
+            q = int((keys[j] + 64.0) * _QUANTA)
+            if b not in cache:
+                if len(cache) >= cap:
+                    # least valid entry: first live block of the lowest bucket
+                    while True:
+                        qv = bheap[0]
+                        dq = buckets[qv]
+                        while dq and cache.get(dq[0]) != qv:
+                            dq.popleft()
+                        if dq:
+                            break
+                        del buckets[qv]
+                        heapq.heappop(bheap)
+                    if bypass and q <= qv:
+                        continue
+                    v = dq.popleft()
+                    del cache[v]
+                    if self.track_idle:
+                        age = now - last[v]
+                        idle = age if idle < 0 else 0.999 * idle + 0.001 * age
+            elif cache[b] == q:
+                continue
+            cache[b] = q
+            slot = bget(q)
+            if slot is None:
+                buckets[q] = deque((b,))
+                heapq.heappush(bheap, q)
+            else:
+                slot.append(b)
+        self.idle_ewma = idle
+        if self.optgen is None and idle > 0:
+            pred.horizon = idle if idle > 1.0 else 1.0
+        self.entries += n
+        if self.entries > 4 * cap + 4096:
+            self._compact()
+        return lead, hits

@@ -1,0 +1,452 @@
+"""Trace-replay lab: ``tierkv replay TRACE ...`` -- compare cache policies on a Mooncake-format trace.
+
+Trace format: JSON lines with ``timestamp`` (ms), ``input_length``, ``output_length`` and ``hash_ids``
+(chained prefix-block ids of ``--trace-block-tokens`` tokens each, 512 by default); other fields are ignored.
+``--block-tokens`` must be a multiple of the trace's block size: ``k`` trace blocks are merged into one,
+identified by the id of its last trace block (valid because the ids are chained).
+
+Method: for every (policy, capacity) the cache replays the *whole* trace in timestamp order; metrics count
+only requests at or after the split time ``t0 + split * (t_end - t0)`` (the first part warms the cache and
+is the only part used for tuning). Capacity is a fraction of the number of distinct blocks of the trace.
+
+Metrics per (policy, capacity), over the measured requests:
+
+* ``block_hit_rate`` -- resident blocks / block accesses.
+* ``prefix_hit_rate`` -- blocks in each request's leading run of resident blocks / block accesses.
+* ``prefill_tokens_saved`` -- tokens of those leading runs (capped at the prompt length).
+* ``modeled_ttft_s`` -- mean time to first token: misses prefill at ``--prefill-rate`` tokens/s; each
+  reused block is fetched from its tier at ``latency + bytes / bandwidth`` (``--kv-bytes-per-token``).
+  Without ``--tiers`` hits are served from DRAM.
+* ``accesses_per_s`` -- block accesses of the whole replay / wall-clock seconds of that replay
+  (``accesses_per_cpu_s``: the same per CPU second of the process, robust to a loaded machine).
+
+``--tiers hbm=1%,dram=5%,nvme=25%`` models an inclusive hierarchy: the policy is replayed at the cumulative
+capacities (1%, 6%, 31%) and a reused block is attributed to the smallest tier whose cumulative cache
+holds it in the request's leading run (exact for stack policies such as LRU; an approximation otherwise).
+Those rows carry ``tiers`` and ``hits_per_tier``.
+
+``--ablations`` adds the tierkv policy with one component off each (see
+:class:`~tierkv.scheduler._policies.TierKVOptions`): ``tierkv-no-predictor``, ``-no-prefix-tree``,
+``-no-fanout``, ``-no-bypass``, ``-no-size``, ``-no-decay``, ``-no-optgen``, ``-no-quick-step``, ``-no-shape``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from ._policies import (
+    ArcPolicy,
+    BeladyPolicy,
+    LfuPolicy,
+    LruPolicy,
+    Policy,
+    S3FifoPolicy,
+    TierKVOptions,
+    TierKVPolicy,
+    TinyLfuPolicy,
+    next_use_index,
+)
+
+__all__ = ["ABLATIONS", "POLICIES", "Trace", "load_trace", "main", "make_policy", "replay"]
+
+POLICIES: tuple[str, ...] = ("lru", "lfu", "arc", "s3fifo", "tinylfu", "belady", "tierkv")
+ABLATIONS: dict[str, TierKVOptions] = {
+    "tierkv-no-predictor": TierKVOptions(predictor=False),
+    "tierkv-no-prefix-tree": TierKVOptions(prefix_tree=False),
+    "tierkv-no-fanout": TierKVOptions(fanout=False),
+    "tierkv-no-bypass": TierKVOptions(bypass=False),
+    "tierkv-no-size": TierKVOptions(size=False),
+    "tierkv-no-decay": TierKVOptions(decay=False),
+    "tierkv-no-optgen": TierKVOptions(optgen=False),
+    "tierkv-no-quick-step": TierKVOptions(quick_step=0.0),
+    "tierkv-no-shape": TierKVOptions(shape=False),
+}
+# (latency s, bandwidth bytes/s): HBM local; DRAM over PCIe 5 x16; NVMe Gen4 SSD.
+_TIER_COST: dict[str, tuple[float, float]] = {
+    "hbm": (0.0, 2.0e12),
+    "dram": (5e-6, 50e9),
+    "cxl": (2e-6, 60e9),
+    "nvme": (100e-6, 7e9),
+    "rdma": (10e-6, 25e9),
+    "pfs": (1e-3, 5e9),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """A loaded trace: per request (time s, input tokens, block ids, tail block partial?)."""
+
+    path: str
+    times: list[float]
+    input_lengths: list[int]
+    blocks: list[list[int]]
+    tail_partial: list[bool]
+    block_tokens: int
+
+    @property
+    def accesses(self) -> int:
+        return sum(len(b) for b in self.blocks)
+
+    @property
+    def distinct(self) -> int:
+        return len({b for r in self.blocks for b in r})
+
+
+def load_trace(path: str | Path, block_tokens: int = 512, trace_block_tokens: int = 512) -> Trace:
+    """Read a Mooncake JSON-lines trace; raise ``ValueError`` on a malformed line or block size."""
+    if block_tokens < trace_block_tokens or block_tokens % trace_block_tokens:
+        raise ValueError(f"--block-tokens {block_tokens} must be a multiple of the trace's {trace_block_tokens}")
+    k = block_tokens // trace_block_tokens
+    rows: list[tuple[float, int, list[int]]] = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                t = float(rec["timestamp"]) / 1000.0
+                n_in = int(rec["input_length"])
+                ids = [int(x) for x in rec["hash_ids"]]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"{path}:{lineno}: not a Mooncake trace record ({exc})") from exc
+            if k > 1 and ids:
+                ids = [ids[min(len(ids) - 1, (j + 1) * k - 1)] for j in range(math.ceil(len(ids) / k))]
+            rows.append((t, n_in, ids))
+    rows.sort(key=lambda r: r[0])
+    return Trace(
+        path=str(path),
+        times=[r[0] for r in rows],
+        input_lengths=[r[1] for r in rows],
+        blocks=[r[2] for r in rows],
+        tail_partial=[r[1] % block_tokens != 0 for r in rows],
+        block_tokens=block_tokens,
+    )
+
+
+def make_policy(name: str, capacity: int, trace: Trace, next_uses: list[list[int]] | None = None) -> Policy:
+    """Build a policy by name (``POLICIES`` or an ``ABLATIONS`` key); ``ValueError`` if unknown."""
+    simple: dict[str, Callable[[int], Policy]] = {
+        "lru": LruPolicy,
+        "lfu": LfuPolicy,
+        "arc": ArcPolicy,
+        "s3fifo": S3FifoPolicy,
+        "tinylfu": TinyLfuPolicy,
+        "tierkv": TierKVPolicy,
+    }
+    if name in simple:
+        return simple[name](capacity)
+    if name == "belady":
+        return BeladyPolicy(capacity, next_uses if next_uses is not None else next_use_index(trace.blocks))
+    if name in ABLATIONS:
+        return TierKVPolicy(capacity, ABLATIONS[name], name=name)
+    raise ValueError(f"unknown policy {name!r}; known: {', '.join((*POLICIES, *ABLATIONS))}")
+
+
+class _Progress:
+    def __init__(self, total: int, out: TextIO | None) -> None:
+        self.total = max(1, total)
+        self.done = 0
+        self.out = out
+        self.last = -1
+
+    def step(self, n: int, label: str) -> None:
+        self.done += n
+        if self.out is None:
+            return
+        pct = int(100 * self.done / self.total)
+        if pct != self.last:
+            self.last = pct
+            bar = "#" * (pct // 4) + "." * (25 - pct // 4)
+            self.out.write(f"\r[{bar}] {pct:3d}% {label:<28}")
+            self.out.flush()
+
+    def close(self) -> None:
+        if self.out is not None:
+            self.out.write("\n")
+            self.out.flush()
+
+
+def replay(
+    trace: Trace,
+    policy: Policy,
+    split_time: float,
+    progress: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Replay the whole trace through ``policy``; return raw counts for requests at/after ``split_time``.
+
+    Returns ``leads`` (per measured request, leading hits), ``block_hits``, ``accesses`` (measured),
+    ``seconds`` and ``total_accesses`` (whole replay).
+    """
+    req = policy.request
+    times, blocks, tails = trace.times, trace.blocks, trace.tail_partial
+    leads: list[int] = []
+    measured_idx: list[int] = []
+    bh = 0
+    acc = 0
+    step = 500
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    for i in range(len(blocks)):
+        ids = blocks[i]
+        lead, hits = req(ids, times[i], tails[i])
+        if times[i] >= split_time:
+            leads.append(lead)
+            measured_idx.append(i)
+            bh += hits
+            acc += len(ids)
+        if progress is not None and i % step == step - 1:
+            progress(step)
+    secs = time.perf_counter() - t0
+    cpu = time.process_time() - c0
+    if progress is not None:
+        progress(len(blocks) % step)
+    return {
+        "leads": leads,
+        "measured": measured_idx,
+        "block_hits": bh,
+        "accesses": acc,
+        "seconds": secs,
+        "cpu_seconds": cpu,
+        "total_accesses": trace.accesses,
+    }
+
+
+def _parse_fractions(text: str, flag: str) -> list[float]:
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        v = float(part[:-1]) / 100.0 if part.endswith("%") else float(part)
+        if not 0.0 < v <= 1.0:
+            raise ValueError(f"{flag}: {part!r} is not a fraction in (0, 1] or a percentage in (0%, 100%]")
+        out.append(v)
+    if not out:
+        raise ValueError(f"{flag}: empty")
+    return out
+
+
+def _parse_tiers(text: str) -> list[tuple[str, float]]:
+    tiers = []
+    for part in text.split(","):
+        name, _, frac = part.partition("=")
+        name = name.strip()
+        if name not in _TIER_COST or not frac:
+            raise ValueError(f"--tiers: {part!r}; expected NAME=FRACTION with NAME in {', '.join(_TIER_COST)}")
+        tiers.append((name, _parse_fractions(frac, "--tiers")[0]))
+    return tiers
+
+
+def _metrics(
+    trace: Trace,
+    raw: dict[str, Any],
+    per_tier_leads: list[list[int]] | None,
+    tier_names: list[str],
+    prefill_rate: float,
+    bytes_per_token: int,
+) -> dict[str, Any]:
+    bt = trace.block_tokens
+    acc = raw["accesses"] or 1
+    saved = 0
+    ttft = 0.0
+    tier_hits = [0] * len(tier_names)
+    block_bytes = bt * bytes_per_token
+    for k, i in enumerate(raw["measured"]):
+        n_in = trace.input_lengths[i]
+        if per_tier_leads is None:
+            lead = raw["leads"][k]
+            lat, bw = _TIER_COST["dram"]
+            fetch = lead * (lat + block_bytes / bw)
+        else:
+            lead = per_tier_leads[-1][k]
+            fetch = 0.0
+            prev = 0
+            for t, name in enumerate(tier_names):
+                cum = max(prev, per_tier_leads[t][k])
+                n = cum - prev
+                tier_hits[t] += n
+                lat, bw = _TIER_COST[name]
+                fetch += n * (lat + block_bytes / bw)
+                prev = cum
+        tok = min(lead * bt, n_in)
+        saved += tok
+        ttft += (n_in - tok) / prefill_rate + fetch
+    n_req = max(1, len(raw["measured"]))
+    out: dict[str, Any] = {
+        "block_hit_rate": raw["block_hits"] / acc,
+        "prefix_hit_rate": sum(per_tier_leads[-1] if per_tier_leads else raw["leads"]) / acc,
+        "prefill_tokens_saved": saved,
+        "modeled_ttft_s": ttft / n_req,
+        "accesses_per_s": raw["total_accesses"] / raw["seconds"] if raw["seconds"] > 0 else float("inf"),
+        "accesses_per_cpu_s": raw["total_accesses"] / raw["cpu_seconds"] if raw["cpu_seconds"] > 0 else float("inf"),
+        "measured_requests": len(raw["measured"]),
+        "measured_accesses": raw["accesses"],
+    }
+    if per_tier_leads is not None:
+        out["hits_per_tier"] = dict(zip(tier_names, tier_hits, strict=True))
+    return out
+
+
+def _plot(results: list[dict[str, Any]], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    by_policy: dict[str, list[tuple[float, float]]] = {}
+    for r in results:
+        if "tiers" not in r:
+            by_policy.setdefault(r["policy"], []).append((r["capacity_fraction"] * 100, r["prefix_hit_rate"]))
+    for name, pts in by_policy.items():
+        pts.sort()
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        if name.startswith("tierkv-"):  # ablations: thin grey, labelled at their last point
+            ax.plot(xs, ys, ":", color="0.6", lw=0.9)
+            ax.annotate(name[7:], (xs[-1], ys[-1]), fontsize=6, color="0.4", xytext=(3, 0), textcoords="offset points")
+        else:
+            ax.plot(xs, ys, "-", marker="o", lw=2.6 if name == "tierkv" else 1.3, label=name)
+    ax.set_xlabel("cache capacity (% of distinct blocks)")
+    ax.set_ylabel("prefix hit rate (measured part)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _table(results: list[dict[str, Any]], out: TextIO) -> None:
+    out.write(
+        f"{'policy':<22}{'capacity':>9}{'blocks':>8}{'block hit':>10}{'prefix hit':>11}{'TTFT s':>8}{'acc/s':>10}\n"
+    )
+    for r in results:
+        cap = f"{r['capacity_fraction'] * 100:.3g}%"
+        out.write(
+            f"{r['policy']:<22}{cap:>9}{r['capacity_blocks']:>8}{r['block_hit_rate']:>10.4f}"
+            f"{r['prefix_hit_rate']:>11.4f}{r['modeled_ttft_s']:>8.3f}{r['accesses_per_s']:>10.0f}\n"
+        )
+
+
+def main(argv: list[str]) -> int:
+    """``tierkv replay`` entry point; returns 0 on success, 2 on a usage or input error."""
+    ap = argparse.ArgumentParser(
+        prog="tierkv replay", description="Replay a Mooncake-format trace against cache policies."
+    )
+    ap.add_argument("trace")
+    ap.add_argument("--block-tokens", type=int, default=512)
+    ap.add_argument("--trace-block-tokens", type=int, default=512)
+    ap.add_argument("--capacity", default="1%,5%,10%")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--ablations", action="store_true", help="also run tierkv with each component off")
+    ap.add_argument("--split", type=float, default=0.4)
+    ap.add_argument("--tiers", default=None, help="e.g. hbm=1%%,dram=5%%,nvme=25%%")
+    ap.add_argument("--prefill-rate", type=float, default=10_000.0, help="tokens/s of prefill (default 10000)")
+    ap.add_argument("--kv-bytes-per-token", type=int, default=131_072, help="default: Llama-3-8B FP16")
+    ap.add_argument("--json", dest="json_out", default=None)
+    ap.add_argument("--plot", default=None)
+    ap.add_argument("--no-progress", action="store_true")
+    try:
+        args = ap.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code) if isinstance(exc.code, int) else 2
+    try:
+        if not 0.0 <= args.split < 1.0:
+            raise ValueError(f"--split {args.split} must be in [0, 1)")
+        if args.prefill_rate <= 0 or args.kv_bytes_per_token <= 0:
+            raise ValueError("--prefill-rate and --kv-bytes-per-token must be > 0")
+        fractions = _parse_fractions(args.capacity, "--capacity")
+        names = [p.strip() for p in args.policies.split(",") if p.strip()]
+        if args.ablations:
+            names += [a for a in ABLATIONS if a not in names]
+        for n in names:
+            if n not in POLICIES and n not in ABLATIONS:
+                raise ValueError(f"unknown policy {n!r}; known: {', '.join((*POLICIES, *ABLATIONS))}")
+        tiers = _parse_tiers(args.tiers) if args.tiers else []
+        trace = load_trace(args.trace, args.block_tokens, args.trace_block_tokens)
+    except (ValueError, OSError) as exc:
+        print(f"tierkv replay: {exc}", file=sys.stderr)
+        return 2
+    if not trace.blocks:
+        print("tierkv replay: the trace has no requests", file=sys.stderr)
+        return 2
+    distinct = trace.distinct
+    t_first, t_last = trace.times[0], trace.times[-1]
+    split_time = t_first + args.split * (t_last - t_first) if args.split > 0 else -math.inf
+    next_uses = next_use_index(trace.blocks) if "belady" in names else None
+    cum: list[float] = []
+    for _, f in tiers:
+        cum.append(min(1.0, (cum[-1] if cum else 0.0) + f))
+    runs = len(names) * len(set(fractions) | set(cum))
+    prog = _Progress(runs * len(trace.blocks), None if args.no_progress else sys.stderr)
+    results: list[dict[str, Any]] = []
+    for name in names:
+        cache_runs: dict[float, dict[str, Any]] = {}
+        for f in [*fractions, *[c for c in cum if c not in fractions]]:
+            cap = max(1, round(f * distinct))
+            pol = make_policy(name, cap, trace, next_uses)
+            label = f"{name} @ {f * 100:.3g}%"
+
+            def tick(n: int, lab: str = label) -> None:
+                prog.step(n, lab)
+
+            cache_runs[f] = replay(trace, pol, split_time, tick)
+        for f in fractions:
+            row: dict[str, Any] = {
+                "policy": name,
+                "capacity_fraction": f,
+                "capacity_blocks": max(1, round(f * distinct)),
+            }
+            row.update(_metrics(trace, cache_runs[f], None, [], args.prefill_rate, args.kv_bytes_per_token))
+            results.append(row)
+        if tiers:
+            raws = [cache_runs[c] for c in cum]
+            row = {
+                "policy": name,
+                "capacity_fraction": cum[-1],
+                "capacity_blocks": max(1, round(cum[-1] * distinct)),
+                "tiers": {n: f for n, f in tiers},
+            }
+            m = _metrics(
+                trace,
+                raws[-1],
+                [r["leads"] for r in raws],
+                [n for n, _ in tiers],
+                args.prefill_rate,
+                args.kv_bytes_per_token,
+            )
+            m["accesses_per_s"] = sum(r["total_accesses"] for r in raws) / sum(r["seconds"] for r in raws)
+            row.update(m)
+            results.append(row)
+    prog.close()
+    doc = {
+        "trace": trace.path,
+        "block_tokens": trace.block_tokens,
+        "split": args.split,
+        "requests": len(trace.blocks),
+        "accesses": trace.accesses,
+        "distinct_blocks": distinct,
+        "results": results,
+    }
+    _table(results, sys.stdout)
+    try:
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        if args.plot:
+            _plot(results, args.plot, f"{Path(trace.path).name}: prefix hit rate, split {args.split}")
+    except OSError as exc:
+        print(f"tierkv replay: cannot write output: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main(sys.argv[1:]))
