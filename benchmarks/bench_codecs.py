@@ -1,0 +1,64 @@
+"""Codec throughput: medians of several repetitions, MB/s of fp16 per core, side by side.
+
+Uses a synthetic KV-like array (SmolLM2-135M shape: 30 layers, 3 KV heads x 64,
+one 128-token block, with outlier key channels) so it runs without the model;
+``tierkv codec-eval`` measures on real KV. Usage: python benchmarks/bench_codecs.py [--reps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from tierkv.codecs import CacheGenCodec, Codec, Lz4Codec, RawCodec, ZstdCodec, decode_block, encode_block, int8_codec
+
+
+def _kv(tokens: int = 128) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((30, 2, tokens, 3, 64)).astype(np.float32)
+    x[:, 0, :, :, :4] *= 12
+    return x.astype(np.float16)
+
+
+def _median(fn, reps: int) -> float:  # type: ignore[no-untyped-def]
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return statistics.median(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--reps", type=int, default=7)
+    args = p.parse_args()
+    kv = _kv()
+    codecs: list[tuple[str, Codec]] = [
+        ("raw", RawCodec()),
+        ("lz4", Lz4Codec()),
+        ("zstd", ZstdCodec()),
+        ("int8", int8_codec()),
+    ]
+    for level in (1, 2, 3):
+        for entropy in ("ans", "zstd"):
+            codecs.append((f"cachegen L{level} {entropy}", CacheGenCodec(level=level, entropy=entropy)))
+    raw_dec = None
+    print(f"{'codec':<22}{'ratio':>8}{'enc MB/s':>10}{'dec MB/s':>10}{'dec vs raw':>12}")
+    for label, codec in codecs:
+        block = encode_block(kv, codec)
+        decode_block(block)
+        te = _median(lambda c=codec: encode_block(kv, c), args.reps)
+        td = _median(lambda b=block: decode_block(b), args.reps)
+        dec = kv.nbytes / td / 1e6
+        raw_dec = raw_dec or dec
+        print(
+            f"{label:<22}{kv.nbytes / len(block):>8.2f}{kv.nbytes / te / 1e6:>10.0f}{dec:>10.0f}{dec / raw_dec:>12.3f}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Codecs for KV blocks: self-describing block format, lossless and CacheGen-style lossy codecs.
+
+Codecs are plugins of the ``tierkv.codecs`` entry-point group (built-ins:
+``raw``, ``lz4``, ``zstd``, ``cachegen``). Importing this package does no I/O
+and imports no compression library; codecs import theirs when built.
+"""
+
+from ._base import DTYPE_NAMES, BlockMeta, Codec, meta_for
+from ._cachegen import (
+    DEFAULT_LEVEL,
+    LEVELS,
+    CacheGenCodec,
+    StaticModel,
+    get_static_model,
+    int8_codec,
+    register_static_model,
+)
+from ._choice import CodecCandidate, CodecChoice, break_even_bandwidth, choose_codec, fetch_decode_seconds
+from ._format import FORMAT_VERSION, BlockHeader, decode_block, encode_block, peek_header
+from ._lossless import Lz4Codec, RawCodec, ZstdCodec
+from ._pipeline import CodecPipeline, adecode_block, aencode_block
+from ._registry import BUILTIN_CODECS, codec_from_params, list_codecs, load_codec_class
+
+__all__ = [
+    "BUILTIN_CODECS",
+    "DEFAULT_LEVEL",
+    "DTYPE_NAMES",
+    "FORMAT_VERSION",
+    "LEVELS",
+    "BlockHeader",
+    "BlockMeta",
+    "CacheGenCodec",
+    "Codec",
+    "CodecCandidate",
+    "CodecChoice",
+    "CodecPipeline",
+    "Lz4Codec",
+    "RawCodec",
+    "StaticModel",
+    "ZstdCodec",
+    "adecode_block",
+    "aencode_block",
+    "break_even_bandwidth",
+    "choose_codec",
+    "codec_from_params",
+    "decode_block",
+    "encode_block",
+    "fetch_decode_seconds",
+    "get_static_model",
+    "int8_codec",
+    "list_codecs",
+    "load_codec_class",
+    "meta_for",
+    "peek_header",
+    "register_static_model",
+]

