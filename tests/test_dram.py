@@ -136,7 +136,7 @@ async def test_use_after_close() -> None:
 
 
 async def test_cancel_mid_write_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    b = await _open(capacity=32 * MiB)
+    b = await _open(capacity=32 * MiB, inline_copy_bytes=0, large_copies="thread")  # worker thread
     started = threading.Event()
     release = threading.Event()
     real = dram_mod.Arena.write_at
@@ -173,7 +173,7 @@ async def test_cancel_mid_write_leaves_nothing(monkeypatch: pytest.MonkeyPatch) 
 
 
 async def test_evict_during_read_defers_free(monkeypatch: pytest.MonkeyPatch) -> None:
-    b = await _open(capacity=16 * MiB)
+    b = await _open(capacity=16 * MiB, inline_copy_bytes=0, large_copies="thread")  # worker thread
     data = _rand(2 * MiB, 3)
     a = await b.allocate("k", 2 * MiB)
     await b.write(a, data)

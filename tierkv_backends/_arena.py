@@ -163,13 +163,9 @@ class BuddyAllocator:
         self._push(start, order)
 
     # ------------------------------------------------------------------- API
-    def allocate(self, nbytes: int) -> Extent | None:
-        """Reserve ``nbytes`` (>= 0); ``None`` if no free run is large enough."""
-        if nbytes < 0:
-            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-        if nbytes == 0:
-            return Extent(0, 0, 0)
-        n = (nbytes + self._granule - 1) >> self._shift
+    def _take_run(self, n: int) -> int | None:
+        """Hold ``n`` (> 0) granules: the start of the run, or ``None``. Does not
+        touch ``_live`` or ``used``."""
         k = (n - 1).bit_length()  # ceil(log2 n)
         order = k
         free = self._free
@@ -187,10 +183,102 @@ class BuddyAllocator:
         if n < (1 << k):
             for s, o in self._pieces(start + n, (1 << k) - n):
                 self._push(s, o)  # its buddies are inside the held head: no merge possible
+        return start
+
+    def _release(self, start: int, n: int) -> None:
+        for s, o in self._pieces(start, n):
+            self._release_run(s, o)
+
+    def allocate(self, nbytes: int) -> Extent | None:
+        """Reserve ``nbytes`` (>= 0); ``None`` if no free run is large enough."""
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        if nbytes == 0:
+            return Extent(0, 0, 0)
+        n = (nbytes + self._granule - 1) >> self._shift
+        start = self._take_run(n)
+        if start is None:
+            return None
         self._live[start] = n
         held = n << self._shift
         self.used += held
         return Extent(start << self._shift, nbytes, held)
+
+    def allocate_spans(self, sizes: list[int]) -> list[int] | None:
+        """Reserve one block per size (each >= 0), all or nothing; the byte offsets,
+        or ``None`` (nothing held). Each block holds ``held_bytes(size)`` and is
+        freed on its own later (:meth:`free_spans` or :meth:`free`).
+
+        The batch is first carved out of *one* free run (one buddy operation for
+        the whole batch, and neighbouring blocks for the copies); only if no run
+        is large enough is each block placed on its own."""
+        g1 = self._granule - 1
+        sh = self._shift
+        counts = [(s + g1) >> sh for s in sizes]
+        total = sum(counts)
+        if total == 0:
+            return [0] * len(counts)
+        live = self._live
+        start = self._take_run(total)
+        offsets: list[int] = []
+        if start is not None:
+            p = start
+            for c in counts:
+                if c:
+                    live[p] = c
+                    offsets.append(p << sh)
+                    p += c
+                else:
+                    offsets.append(0)
+            self.used += total << sh
+            return offsets
+        held: list[int] = []
+        for c in counts:
+            if not c:
+                offsets.append(0)
+                continue
+            st = self._take_run(c)
+            if st is None:
+                for done in held:
+                    self._release(done, live.pop(done))
+                return None
+            live[st] = c
+            held.append(st)
+            offsets.append(st << sh)
+        self.used += total << sh
+        return offsets
+
+    def free_spans(self, spans: list[tuple[int, int]]) -> None:
+        """Give back blocks given as ``(offset, held_bytes)``; all or nothing:
+        ``ValueError`` (and nothing freed) if one of them is not allocated.
+        Neighbouring blocks are merged before they go back to the free lists."""
+        live = self._live
+        sh = self._shift
+        taken: list[tuple[int, int]] = []
+        for off, held in spans:
+            if held == 0:
+                continue
+            st = off >> sh
+            n = live.pop(st, None)
+            if n is None or (n << sh) != held:
+                if n is not None:
+                    live[st] = n
+                for s, c in taken:
+                    live[s] = c
+                raise ValueError(f"extent at offset {off} holding {held} bytes is not allocated")
+            taken.append((st, n))
+        if not taken:
+            return
+        self.used -= sum(c for _, c in taken) << sh
+        taken.sort()
+        run_start, run_n = taken[0]
+        for s, c in taken[1:]:
+            if s == run_start + run_n:
+                run_n += c
+            else:
+                self._release(run_start, run_n)
+                run_start, run_n = s, c
+        self._release(run_start, run_n)
 
     def free(self, extent: Extent) -> None:
         """Give an extent back. Raises ``ValueError`` if it is not allocated."""
@@ -202,8 +290,7 @@ class BuddyAllocator:
             raise ValueError(f"extent {extent} is not allocated")
         del self._live[start]
         self.used -= n << self._shift
-        for s, o in self._pieces(start, n):
-            self._release_run(s, o)
+        self._release(start, n)
 
 
 class Arena:
@@ -215,7 +302,7 @@ class Arena:
     Raises ``ValueError`` for a read-only or non-contiguous buffer.
     """
 
-    __slots__ = ("_alloc", "_buffer", "_lock", "view")
+    __slots__ = ("_alloc", "_buffer", "_lock", "mv", "view")
 
     def __init__(self, buffer: Any, *, granule: int = 4096) -> None:
         mv = memoryview(buffer)
@@ -225,6 +312,9 @@ class Arena:
             raise ValueError("arena buffer must be C-contiguous")
         self._buffer = buffer
         self.view: np.ndarray[Any, np.dtype[np.uint8]] = np.frombuffer(mv.cast("B"), dtype=np.uint8)
+        #: the same bytes as a flat writable ``memoryview`` (slice assignment is a
+        #: plain memcpy under the GIL: the cheapest copy for small blocks)
+        self.mv: memoryview = self.view.data
         self._alloc = BuddyAllocator(self.view.nbytes, granule)
         self._lock = threading.Lock()
 
@@ -254,16 +344,21 @@ class Arena:
 
     def allocate_many(self, sizes: list[int]) -> list[Extent] | None:
         """All or nothing: ``None`` (and nothing held) if one of them does not fit."""
-        out: list[Extent] = []
+        offsets = self.allocate_spans(sizes)
+        if offsets is None:
+            return None
+        held = self._alloc.held_bytes
+        return [Extent(o, n, held(n)) for o, n in zip(offsets, sizes, strict=True)]
+
+    def allocate_spans(self, sizes: list[int]) -> list[int] | None:
+        """Offsets of one block per size, all or nothing (see :meth:`BuddyAllocator.allocate_spans`)."""
         with self._lock:
-            for n in sizes:
-                e = self._alloc.allocate(n)
-                if e is None:
-                    for done in out:
-                        self._alloc.free(done)
-                    return None
-                out.append(e)
-        return out
+            return self._alloc.allocate_spans(sizes)
+
+    def free_spans(self, spans: list[tuple[int, int]]) -> None:
+        """Free ``(offset, held_bytes)`` blocks under one lock acquisition (all or nothing)."""
+        with self._lock:
+            self._alloc.free_spans(spans)
 
     def free(self, extent: Extent) -> None:
         with self._lock:
@@ -271,8 +366,7 @@ class Arena:
 
     def free_many(self, extents: list[Extent]) -> None:
         with self._lock:
-            for e in extents:
-                self._alloc.free(e)
+            self._alloc.free_spans([(e.offset, e.held) for e in extents])
 
     def slice(self, extent: Extent) -> np.ndarray[Any, np.dtype[np.uint8]]:
         """The arena bytes of ``extent`` (a view, no copy)."""

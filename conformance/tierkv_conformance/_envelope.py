@@ -9,8 +9,10 @@ repetitions; latencies are pooled over all of them. The raw reference moves
 the same number of blocks of the same size:
 
 * memory tiers (dram, cxl, hbm without its own reference): single-stream
-  ``memcpy`` (numpy ``copyto``) between buffers spread over the same footprint,
-  against the backend driven by one task (one stream on each side);
+  ``memcpy`` (numpy ``copyto``) between buffers spread over the same footprint
+  as the backend's (``count`` distinct blocks, and one batch of destination
+  buffers for reads), against the backend driven by one task (one stream on
+  each side), raw and backend interleaved in every repetition;
 * storage tiers (nvme, pfs): ``O_DIRECT`` ``pwritev``/``preadv`` of aligned
   buffers on a file in the backend's directory, at the backend's concurrency
   (buffered, and labelled so, where the filesystem refuses ``O_DIRECT``); for
@@ -72,22 +74,31 @@ def _pct(values: list[float], q: float) -> float:
 
 
 # ----------------------------------------------------------------------------- raw references
-def raw_memcpy(op: str, block_bytes: int, count: int) -> RawMeasurement:
-    """Single-stream memcpy of ``count`` blocks; write copies one source into a pool of
-    destinations, read copies a pool of sources into one destination."""
-    pool_n = max(1, min(count, (64 * MiB) // max(1, block_bytes)))
-    pool = [np.empty(block_bytes, dtype=np.uint8) for _ in range(pool_n)]
+def raw_memcpy(op: str, block_bytes: int, count: int, batch: int = 0) -> RawMeasurement:
+    """Single-stream memcpy of ``count`` blocks laid out as the backend side moves them:
+    write copies one source block into ``count`` distinct destination blocks (the
+    tier's footprint); read copies ``count`` distinct source blocks into a ring of
+    ``batch`` destination buffers (the caller's ``into`` buffers; default: the
+    blocks of one :data:`BATCH_BYTES` batch). Neither side is favoured by a
+    footprint that fits in the CPU caches."""
+    batch = batch or batch_blocks(block_bytes, count)
+    pool = [np.empty(block_bytes, dtype=np.uint8) for _ in range(max(1, count))]
     one = np.random.default_rng(0).integers(0, 256, block_bytes, dtype=np.uint8)
     for p in pool:
         p[:] = one
+    ring = [np.empty(block_bytes, dtype=np.uint8) for _ in range(max(1, batch))] if op != "write" else []
+    for r in ring:
+        r.fill(1)
     t0 = time.perf_counter()
-    for i in range(count):
-        if op == "write":
-            np.copyto(pool[i % pool_n], one)
-        else:
-            np.copyto(one, pool[i % pool_n])
+    if op == "write":
+        for i in range(count):
+            np.copyto(pool[i], one)
+    else:
+        nr = len(ring)
+        for i in range(count):
+            np.copyto(ring[i % nr], pool[i])
     dt = time.perf_counter() - t0
-    return RawMeasurement(block_bytes * count, dt, "memcpy (numpy.copyto, 1 stream)")
+    return RawMeasurement(block_bytes * count, dt, "memcpy (numpy.copyto, 1 stream, same footprint as the tier)")
 
 
 def raw_odirect(
