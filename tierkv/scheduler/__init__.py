@@ -48,6 +48,7 @@ from ._predictor import (
     size_bucket,
 )
 from ._prefetch import PrefetchWindow, attention_span
+from ._survival import RenewalHazard, age_bin, bin_lower_edges, hit_density, km_survival
 
 __all__ = [
     "BLOCK_TYPES",
@@ -61,12 +62,15 @@ __all__ = [
     "PlacementConfig",
     "PredictorConfig",
     "PrefetchWindow",
+    "RenewalHazard",
     "ReusePredictor",
     "SessionClass",
     "SizeProfile",
     "TierEstimator",
     "ToolChain",
+    "age_bin",
     "attention_span",
+    "bin_lower_edges",
     "beta_mean",
     "blend",
     "cell_index",
@@ -79,6 +83,8 @@ __all__ = [
     "fanout_bucket",
     "fetch_seconds",
     "gate",
+    "hit_density",
+    "km_survival",
     "is_protected",
     "parse_load_failure_policy",
     "placement_value",

@@ -27,7 +27,11 @@ Those rows carry ``tiers`` and ``hits_per_tier``.
 
 ``--ablations`` adds the tierkv policy with one component off each (see
 :class:`~tierkv.scheduler._policies.TierKVOptions`): ``tierkv-no-predictor``, ``-no-prefix-tree``,
-``-no-fanout``, ``-no-bypass``, ``-no-size``, ``-no-decay``, ``-no-optgen``, ``-no-quick-step``, ``-no-shape``.
+``-no-fanout``, ``-no-bypass``, ``-no-size``, ``-no-decay``, ``-no-optgen``, ``-no-quick-step``, ``-no-shape``,
+and the experimental renewal-process policy ``tierkv-session`` (:class:`~tierkv.scheduler._policies.SessionPolicy`)
+with ``tierkv-session-no-hazard``, ``-no-classes``, ``-no-density``, ``-no-prefix-tree``, ``-no-bypass``,
+``-no-tail`` (see :class:`~tierkv.scheduler._policies.SessionOptions`). Any ablation name is also accepted by
+``--policies``.
 """
 
 from __future__ import annotations
@@ -49,6 +53,8 @@ from ._policies import (
     LruPolicy,
     Policy,
     S3FifoPolicy,
+    SessionOptions,
+    SessionPolicy,
     TierKVOptions,
     TierKVPolicy,
     TinyLfuPolicy,
@@ -58,7 +64,7 @@ from ._policies import (
 __all__ = ["ABLATIONS", "POLICIES", "Trace", "load_trace", "main", "make_policy", "replay"]
 
 POLICIES: tuple[str, ...] = ("lru", "lfu", "arc", "s3fifo", "tinylfu", "belady", "tierkv")
-ABLATIONS: dict[str, TierKVOptions] = {
+ABLATIONS: dict[str, SessionOptions | TierKVOptions] = {
     "tierkv-no-predictor": TierKVOptions(predictor=False),
     "tierkv-no-prefix-tree": TierKVOptions(prefix_tree=False),
     "tierkv-no-fanout": TierKVOptions(fanout=False),
@@ -68,6 +74,14 @@ ABLATIONS: dict[str, TierKVOptions] = {
     "tierkv-no-optgen": TierKVOptions(optgen=False),
     "tierkv-no-quick-step": TierKVOptions(quick_step=0.0),
     "tierkv-no-shape": TierKVOptions(shape=False),
+    # experimental renewal-process policy (SessionPolicy) and its ablations
+    "tierkv-session": SessionOptions(),
+    "tierkv-session-no-hazard": SessionOptions(hazard=False),
+    "tierkv-session-no-classes": SessionOptions(classes=False),
+    "tierkv-session-no-density": SessionOptions(density=False),
+    "tierkv-session-no-prefix-tree": SessionOptions(prefix_tree=False),
+    "tierkv-session-no-bypass": SessionOptions(bypass=False),
+    "tierkv-session-no-tail": SessionOptions(tail=False),
 }
 # (latency s, bandwidth bytes/s): HBM local; DRAM over PCIe 5 x16; NVMe Gen4 SSD.
 _TIER_COST: dict[str, tuple[float, float]] = {
@@ -146,7 +160,10 @@ def make_policy(name: str, capacity: int, trace: Trace, next_uses: list[list[int
     if name == "belady":
         return BeladyPolicy(capacity, next_uses if next_uses is not None else next_use_index(trace.blocks))
     if name in ABLATIONS:
-        return TierKVPolicy(capacity, ABLATIONS[name], name=name)
+        opts = ABLATIONS[name]
+        if isinstance(opts, TierKVOptions):
+            return TierKVPolicy(capacity, opts, name=name)
+        return SessionPolicy(capacity, opts, name=name)
     raise ValueError(f"unknown policy {name!r}; known: {', '.join((*POLICIES, *ABLATIONS))}")
 
 
