@@ -19,12 +19,12 @@ from tierkv import (
 from tierkv import _registry as reg
 from tierkv._cli import main as cli_main
 
-GOOD = '''
+GOOD = """
 from tierkv_backends.dram import DramBackend
 
 class GoodBackend(DramBackend):
     pass
-'''
+"""
 
 
 def make_dist(root: Path, dist: str, entries: dict[str, str], modules: dict[str, str]) -> None:
@@ -78,7 +78,7 @@ def test_conflict(fake_site: Path) -> None:
     make_dist(fake_site, "dist_a", {"twin": "fakemod_a:GoodBackend"}, {"fakemod_a": GOOD})
     make_dist(fake_site, "dist_b", {"twin": "fakemod_b:GoodBackend"}, {"fakemod_b": GOOD})
     reg.refresh()
-    with pytest.raises(PluginConflictError, match="dist_a.*dist_b|dist_b.*dist_a"):
+    with pytest.raises(PluginConflictError, match=r"dist_a.*dist_b|dist_b.*dist_a"):
         reg.load_backend_class("twin")
     row = [r for r in reg.backend_listing() if r.name == "twin"]
     assert row and not row[0].usable and "conflict" in row[0].reason

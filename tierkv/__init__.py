@@ -17,6 +17,7 @@ from ._backend import (
     SupportsContentHash,
     SupportsDeviceIO,
     SupportsScan,
+    SupportsTagLookup,
     TierKind,
 )
 from ._config import KV_DTYPES, Config, TierConfig
@@ -93,6 +94,7 @@ __all__ = [
     "SupportsContentHash",
     "SupportsDeviceIO",
     "SupportsScan",
+    "SupportsTagLookup",
     "TierConfig",
     "TierKV",
     "TierKVError",

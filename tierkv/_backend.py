@@ -18,10 +18,13 @@ Contract shared by every method
 * After :meth:`Backend.aclose` every method except ``aclose`` and ``stats``
   raises :class:`~tierkv.BackendClosedError`; ``aclose`` is idempotent.
 * Methods are safe to call concurrently from many tasks of one event loop, on
-  distinct keys and on the same key. Blocking work (syscalls, copies of more
-  than a few KiB, client calls) runs in worker threads through
+  distinct keys and on the same key. Blocking work (syscalls, file and device
+  I/O, client calls) runs in worker threads through
   ``anyio.to_thread.run_sync`` with a limiter sized by
-  :attr:`Capabilities.max_concurrency`; the event loop is never blocked.
+  :attr:`Capabilities.max_concurrency`; the event loop is never blocked on
+  I/O. Plain memory copies may run on the event loop in bounded slices (a
+  memory tier's ``inline_copy_bytes``, about 100 µs of memcpy, less than one
+  thread hop costs) with a checkpoint between slices.
 * Cancellation: a cancelled or failed :meth:`Backend.write` leaves nothing
   visible under the key and releases its reservation; a cancelled read or
   evict leaves the stored block as it was or removed, never half removed.
@@ -58,6 +61,7 @@ __all__ = [
     "SupportsContentHash",
     "SupportsDeviceIO",
     "SupportsScan",
+    "SupportsTagLookup",
     "TierKind",
     "as_byte_view",
     "validate_key",
@@ -70,7 +74,7 @@ API_VERSION = 1
 #: Largest ``tag`` a backend must be able to store with a block.
 MAX_TAG_BYTES = 256
 
-_KEY_RE = re.compile(r"^[0-9A-Za-z._-]{1,128}$")
+_KEY_RE = re.compile(r"[0-9A-Za-z._-]{1,128}")
 
 #: Host buffers accepted by ``write`` and ``read(into=...)``: anything exposing
 #: the buffer protocol with C-contiguous memory (bytes, bytearray, memoryview,
@@ -183,7 +187,7 @@ class BackendStats:
 
 def validate_key(key: object, *, tier: str = "") -> str:
     """Return ``key`` if it is a valid block key, else raise :class:`~tierkv.InputError`."""
-    if not isinstance(key, str) or not _KEY_RE.match(key):
+    if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
         raise InputError(
             f"{'[' + tier + '] ' if tier else ''}invalid block key {key!r}: "
             "expected 1-128 characters from [0-9A-Za-z._-]"
@@ -456,4 +460,17 @@ class SupportsContentHash(Protocol):
 
     async def content_hash(self, key: str) -> str | None:
         """``"sha256"`` hex digest of the block's bytes, or None if absent."""
+        ...
+
+
+@runtime_checkable
+class SupportsTagLookup(Protocol):
+    """A shared backend (``capabilities.shared``) tells the tag of a block that
+    another process committed, so this process can adopt the block into its
+    index (the core's lookup/get consult it where the local index misses)."""
+
+    async def tag_of(self, key: str) -> bytes | None:
+        """The tag stored with the committed block ``key``, or None when absent
+        (or when the block fails the backend's own verification). Raises
+        BackendError when the tier fails."""
         ...

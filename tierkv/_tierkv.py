@@ -27,6 +27,7 @@ returning wrong bytes.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import struct
@@ -41,8 +42,10 @@ from typing import Any
 import anyio
 import anyio.lowlevel
 import numpy as np
+from anyio.abc import TaskGroup, TaskStatus
+from anyio.streams.memory import MemoryObjectSendStream
 
-from ._backend import Backend, BackendStats, SupportsContentHash, SupportsScan, TierKind
+from ._backend import Backend, BackendStats, SupportsContentHash, SupportsScan, SupportsTagLookup, TierKind
 from ._config import Config
 from ._errors import (
     BackendError,
@@ -54,6 +57,7 @@ from ._errors import (
     IntegrityError,
     KVLayoutError,
     LoadFailedError,
+    SchedulerError,
     TierKVError,
     TierUnavailableError,
 )
@@ -61,10 +65,14 @@ from ._keys import Scope, block_keys, tenant_salt, to_token_array
 from ._layout import STORAGE_DTYPES, as_numpy_kv, block_slice
 from ._placement import TierLoad, bytes_to_shed, lower_tier, select_victims
 from ._registry import load_backend_class
+from ._scheduling import SchedulerState
+from ._telemetry import Telemetry
+from .scheduler import CircuitBreaker, PrefetchWindow, placement_value
 
 __all__ = ["CheckpointResult", "GetResult", "LookupResult", "PutResult", "TierKV", "TierStats"]
 
-_TAG = struct.Struct("<2sBB16s16s32sIIQ")  # magic, version, flags, model scope, tenant, parent, pos, crc32, nbytes
+# magic, version, flags, model scope, tenant, parent, pos, crc32, nbytes, root (unscoped digest of block 0's tokens)
+_TAG = struct.Struct("<2sBB16s16s32sIIQ8s")
 _TAG_MAGIC = b"TK"
 _TAG_VERSION = 1
 _ZERO16 = bytes(16)
@@ -103,12 +111,17 @@ class LookupResult:
 class GetResult:
     """KV of the longest stored prefix. ``kv`` is ``None`` when ``tokens`` is 0;
     otherwise the caller's ``out`` (filled) or a new numpy array in the layout
-    of :mod:`tierkv._layout`."""
+    of :mod:`tierkv._layout`. ``miss_reason`` (empty on a full hit) is one of
+    ``never_stored``, ``evicted_local``, ``evicted_remote``, ``gated``,
+    ``tier_unhealthy``, ``tier_error``, ``integrity``, ``different_scope``;
+    a gated miss carries both estimates (``fetch_s``, ``recompute_s``)."""
 
     tokens: int
     kv: Any
     tiers: tuple[str, ...]
     miss_reason: str = ""
+    fetch_s: float | None = None
+    recompute_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,9 +167,29 @@ class TierStats:
 class _Entry:
     """Index record of one block. ``tier`` serves reads; ``backing`` is the
     persistent tier holding a durable copy (-1: none; equal to ``tier`` when
-    the serving tier is itself persistent)."""
+    the serving tier is itself persistent). ``bid``, ``cell``, ``count``,
+    ``children`` (prefix fanout) and ``t_last`` feed the predictor."""
 
-    __slots__ = ("backing", "crc", "key", "model_scope", "nbytes", "parent", "pins", "pos", "tag", "tenant", "tier")
+    __slots__ = (
+        "backing",
+        "bid",
+        "cell",
+        "children",
+        "count",
+        "crc",
+        "key",
+        "label",
+        "model_scope",
+        "nbytes",
+        "p_pred",
+        "parent",
+        "pins",
+        "pos",
+        "t_last",
+        "tag",
+        "tenant",
+        "tier",
+    )
 
     def __init__(
         self,
@@ -181,19 +214,27 @@ class _Entry:
         self.crc = crc
         self.pins = 0
         self.backing = -1
+        self.bid = 0
+        self.cell = 0
+        self.count = 0
+        self.children = 0
+        self.t_last = 0.0
+        self.label: int | None = None
+        self.p_pred = 0.0
 
 
 class _Tier:
     __slots__ = (
         "backend",
+        "breaker",
         "bytes_in",
         "bytes_out",
         "config_name",
         "demotions",
-        "healthy",
         "high",
         "hits",
-        "lock",
+        "kind",
+        "limiter",
         "low",
         "lru",
         "misses",
@@ -201,31 +242,58 @@ class _Tier:
         "promotions",
     )
 
-    def __init__(self, name: str, config_name: str, backend: Backend, high: float, low: float) -> None:
+    def __init__(
+        self,
+        name: str,
+        config_name: str,
+        backend: Backend,
+        high: float,
+        low: float,
+        breaker: CircuitBreaker,
+        transfers: int,
+    ) -> None:
         self.name = name
         self.config_name = config_name
         self.backend = backend
+        self.kind = str(backend.capabilities.tier_kind.value)
         self.high = high
         self.low = low
         self.lru: OrderedDict[str, None] = OrderedDict()
         self.hits = self.misses = self.bytes_in = self.bytes_out = 0
         self.promotions = self.demotions = 0
-        self.healthy = True
-        self.lock = anyio.Lock()
+        self.breaker = breaker
+        self.limiter = anyio.CapacityLimiter(transfers)
+
+    @property
+    def healthy(self) -> bool:
+        """Closed circuit breaker: the tier takes part in placement and serves reads."""
+        return self.breaker.healthy
 
 
-def pack_tag(model_scope: bytes, tenant: bytes, parent: bytes, pos: int, crc: int, nbytes: int) -> bytes:
-    return _TAG.pack(_TAG_MAGIC, _TAG_VERSION, 0, model_scope[:16], tenant[:16], parent, pos, crc, nbytes)
+def pack_tag(model_scope: bytes, tenant: bytes, parent: bytes, pos: int, crc: int, nbytes: int, root: bytes) -> bytes:
+    return _TAG.pack(_TAG_MAGIC, _TAG_VERSION, 0, model_scope[:16], tenant[:16], parent, pos, crc, nbytes, root[:8])
 
 
-def unpack_tag(tag: bytes) -> tuple[bytes, bytes, bytes, int, int, int] | None:
-    """(model_scope, tenant, parent, pos, crc, nbytes), or None if ``tag`` is not ours."""
+def unpack_tag(tag: bytes) -> tuple[bytes, bytes, bytes, int, int, int, bytes] | None:
+    """(model_scope, tenant, parent, pos, crc, nbytes, root), or None if ``tag`` is not ours."""
     if len(tag) != _TAG.size:
         return None
-    magic, version, _flags, ms, tenant, parent, pos, crc, nbytes = _TAG.unpack(tag)
+    magic, version, _flags, ms, tenant, parent, pos, crc, nbytes, root = _TAG.unpack(tag)
     if magic != _TAG_MAGIC or version != _TAG_VERSION:
         return None
-    return ms, tenant, parent, pos, crc, nbytes
+    return ms, tenant, parent, pos, crc, nbytes, root
+
+
+def _pbin(p: float) -> str:
+    """Calibration bin of a predicted probability: "0.0" .. "0.9" (tenths)."""
+    return f"{min(int(p * 10), 9) / 10:.1f}"
+
+
+def _root_of(tokens: np.ndarray[Any, Any], block_tokens: int) -> bytes:
+    """Scope-free fingerprint of the first block's tokens (to tell a
+    ``different_scope`` miss from a ``never_stored`` one; never used as a key)."""
+    raw = np.ascontiguousarray(tokens[:block_tokens], dtype="<i8").tobytes()
+    return hashlib.sha256(b"tierkv.root\x00" + raw).digest()[:8]
 
 
 class TierKV:
@@ -236,15 +304,31 @@ class TierKV:
     ``__init__`` does no I/O; use :meth:`open`.
     """
 
-    def __init__(self, config: Config, tiers: Sequence[tuple[str, Backend]]) -> None:
+    def __init__(
+        self, config: Config, tiers: Sequence[tuple[str, Backend]], *, telemetry: Telemetry | None = None
+    ) -> None:
         self.config = config
         self._spec = config.model
         self._block_tokens = config.effective_block_tokens
         self._dtype = STORAGE_DTYPES[config.kv_dtype]
+        names = [name for name, _ in tiers]
+        kinds = [str(b.capabilities.tier_kind.value) for _, b in tiers]
+        self._sched = SchedulerState(config.scheduler, names, kinds)
+        self._tel = telemetry if telemetry is not None else Telemetry(config.telemetry)
         self._tiers = [
-            _Tier(name, tc.backend, b, tc.high_watermark, tc.low_watermark)
-            for (name, b), tc in zip(tiers, config.tiers, strict=True)
+            _Tier(name, tc.backend, b, tc.high_watermark, tc.low_watermark, br, self._sched.max_transfers)
+            for (name, b), tc, br in zip(tiers, config.tiers, self._sched.breakers, strict=True)
         ]
+        self._fetch_limiter = anyio.CapacityLimiter(self._sched.max_fetches)
+        self._roots: dict[bytes, int] = {}
+        self._service_tg: TaskGroup | None = None
+        self._jobs: MemoryObjectSendStream[tuple[Any, ...]] | None = None
+        self._pending_jobs: set[tuple[Any, ...]] = set()
+        self._next_bid = 0
+        self._tool_blocks: dict[str, list[str]] = {}
+        self.prefetch_stats = {"issued": 0, "useful": 0, "wasted": 0}
+        self._prefetched: set[str] = set()
+        self._tel.register_tier_gauges(self._gauge_rows)
         self._index: dict[str, _Entry] = {}
         self._lock = anyio.Lock()
         self._rebalance_lock = anyio.Lock()
@@ -261,7 +345,14 @@ class TierKV:
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
-    async def open(cls, config: Config | Mapping[str, Any] | str | Path, *, restore: str | None = None) -> TierKV:
+    async def open(
+        cls,
+        config: Config | Mapping[str, Any] | str | Path,
+        *,
+        restore: str | None = None,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+    ) -> TierKV:
         """Validate ``config``, open every tier, and rebuild the index from
         persistent tiers (warm start). With ``restore``, the blocks of that
         checkpoint are also copied up into the fast tiers, hottest first, up to
@@ -280,7 +371,8 @@ class TierKV:
             for t in cfg.tiers:
                 backend_cls = load_backend_class(t.backend)
                 opened.append((t.name, await backend_cls.open(t.options, name=t.name)))
-            kv = cls(cfg, opened)
+            telemetry = Telemetry(cfg.telemetry, tracer_provider=tracer_provider, meter_provider=meter_provider)
+            kv = cls(cfg, opened, telemetry=telemetry)
             await kv._recover()
             if restore is not None:
                 kv.restored_blocks = await kv._restore(restore)
@@ -310,10 +402,26 @@ class TierKV:
                 raise errors[0]
 
     async def __aenter__(self) -> TierKV:
+        """Start the scheduler service in a task group owned by this block."""
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        try:
+            await tg.start(self.run_scheduler)
+        except BaseException:
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+            raise
+        self._service_tg = tg
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+        tg, self._service_tg = self._service_tg, None
+        try:
+            if tg is not None:
+                tg.cancel_scope.cancel()
+                await tg.__aexit__(None, None, None)
+        finally:
+            await self.aclose()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -419,22 +527,55 @@ class TierKV:
                 out.append((i, data, zlib.crc32(data)))
             return out
 
-        prepared = await anyio.to_thread.run_sync(prepare) if todo else []
-        for i, data, crc in prepared:
-            parent = keys[i - 1] if i else _ZERO32
-            tag = pack_tag(self._model_scope, tid, parent, i, crc, data.nbytes)
-            key = keys[i].hex()
-            with anyio.CancelScope(shield=True):
-                placed = await self._store_block(key, data, tag, i, tid, parent, crc, durable)
-            if placed is None:
-                continue  # being stored concurrently by another task
-            if placed:
-                stored += 1
-                name = self._tiers[self._index[key].tier].name
-                if name not in tiers_used:
-                    tiers_used.append(name)
-            await anyio.lowlevel.checkpoint_if_cancelled()
-        await self._rebalance()
+        label = self._sched.block_type_index(block_type)
+        root = _root_of(arr_tokens, bt) if keys else b""
+        span_cm = self._tel.timed("put")
+        span = span_cm.__enter__()
+        try:
+            prepared = await anyio.to_thread.run_sync(prepare) if todo else []
+            for i, data, crc in prepared:
+                parent = keys[i - 1] if i else _ZERO32
+                tag = pack_tag(self._model_scope, tid, parent, i, crc, data.nbytes, root)
+                key = keys[i].hex()
+                with anyio.CancelScope(shield=True):
+                    placed = await self._store_block(key, data, tag, i, tid, parent, crc, durable, root, label)
+                if placed is None:
+                    continue  # being stored concurrently by another task
+                if placed:
+                    stored += 1
+                    tier = self._tiers[self._index[key].tier]
+                    if tier.name not in tiers_used:
+                        tiers_used.append(tier.name)
+                await anyio.lowlevel.checkpoint_if_cancelled()
+            async with self._lock:
+                entries = [e for e in (self._index.get(k.hex()) for k in keys) if e is not None]
+                self._record_access(entries, len(keys), existing)
+            if block_type == "tool_context" and self._sched.tool is not None:
+                self._tool_blocks[self._sched.tool] = [k.hex() for k in keys]
+                self._sched.chain.observe_size(self._sched.tool, sum(e.nbytes for e in entries))
+            self._sched.transition = None  # a hint applies to the next request only
+            self._tel.tenant_tokens.add(len(keys) * bt, {"tenant": tid.hex(), "op": "put"})
+            if span is not None:
+                span.set_attributes(
+                    {
+                        "tierkv.tokens": len(arr_tokens),
+                        "tierkv.stored_tokens": len(keys) * bt,
+                        "tierkv.new_blocks": stored,
+                        "tierkv.bytes": sum(d.nbytes for _, d, _ in prepared),
+                        "tierkv.tiers": tiers_used,
+                        "tierkv.codec": "raw",
+                        "tierkv.tenant": tid.hex(),
+                        "tierkv.durable": durable,
+                    }
+                )
+        except BaseException as exc:
+            span_cm.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        span_cm.__exit__(None, None, None)
+        if self._jobs is not None:
+            self._submit(("rebalance",))
+        else:
+            await self._rebalance()
         return PutResult(
             tokens=len(keys) * bt,
             new_blocks=stored,
@@ -451,7 +592,17 @@ class TierKV:
         return None
 
     async def _store_block(
-        self, key: str, data: memoryview, tag: bytes, pos: int, tid: bytes, parent: bytes, crc: int, durable: bool
+        self,
+        key: str,
+        data: memoryview,
+        tag: bytes,
+        pos: int,
+        tid: bytes,
+        parent: bytes,
+        crc: int,
+        durable: bool,
+        root: bytes,
+        label: int | None,
     ) -> bool | None:
         """Write one block and index it. Returns True if written, False if it was
         already stored (only its durable copy was added), None if another task
@@ -462,10 +613,11 @@ class TierKV:
             if ti is None:
                 return None
             e = _Entry(key, ti, data.nbytes, tag, self._model_scope, tid, parent, pos, crc)
+            e.label = label
             if self._tiers[ti].backend.capabilities.persistent:
                 e.backing = ti
             async with self._lock:
-                self._index[key] = e
+                self._adopt(e, root)
                 self._tiers[ti].lru[key] = None
             written = True
         else:
@@ -516,14 +668,40 @@ class TierKV:
                     last_exc = exc
                     break
                 t.bytes_in += data.nbytes
+                self._tel.bytes_written.add(data.nbytes, {"tier": t.name})
                 return ti
         if isinstance(last_exc, CapacityError) or last_exc is None:
             raise CapacityError(f"no tier has room for a block of {data.nbytes} bytes") from last_exc
         raise last_exc
 
+    def _adopt(self, e: _Entry, root: bytes) -> None:
+        """Insert a new entry into the index (under the lock, or before serving)."""
+        e.bid = self._next_bid
+        self._next_bid += 1
+        self._index[e.key] = e
+        parent = self._index.get(e.parent.hex()) if e.pos else None
+        if parent is not None:
+            parent.children += 1
+        if root:
+            self._roots[root] = self._roots.get(root, 0) + 1
+
     def _tier_failed(self, ti: int, exc: BaseException) -> None:
-        """Hook for the circuit breaker (see the scheduler); counts the failure."""
-        self.misses_by_reason.setdefault("tier_error", 0)
+        """Feed the tier's circuit breaker; an open breaker takes the tier out of
+        placement and makes its blocks misses until probes succeed."""
+        t = self._tiers[ti]
+        was = t.healthy
+        t.breaker.record_failure()
+        if was and not t.healthy:
+            self._tel.decision(
+                "tier_unhealthy", {"tierkv.tier": t.name, "tierkv.reason": f"{type(exc).__name__}: {exc}"[:200]}
+            )
+
+    def _gauge_rows(self) -> list[tuple[str, str, int, int, int]]:
+        rows = []
+        for t in self._tiers:
+            st = t.backend.stats()
+            rows.append((t.name, t.kind, st.capacity_bytes, st.used_bytes, st.blocks))
+        return rows
 
     def _touch(self, e: _Entry) -> None:
         lru = self._tiers[e.tier].lru
@@ -545,12 +723,39 @@ class TierKV:
         if need > 0:
             await self._shed(ti, need)
 
+    def _eviction_order(self, ti: int) -> list[str]:
+        """Keys of tier ``ti`` in the order they should leave it (call under the lock).
+
+        LRU policy: least recently used first. Predictive policy: lowest
+        ``ln P(reuse) + t_last / tau`` first; at the bottom tier, protected
+        high-fanout prefixes go last."""
+        tier = self._tiers[ti]
+        if self._sched.policy == "lru":
+            return list(tier.lru)
+        sched = self._sched
+        bottom = lower_tier(self._loads(), ti) is None
+        # head-granular importance reported by the engine lifts the blocks that
+        # attention actually uses (weighted aggregate over heads, per position)
+        imp = sched.importance.block_scores() if sched.importance is not None else None
+        keyed = []
+        for k in tier.lru:
+            e = self._index.get(k)
+            if e is None:
+                continue
+            prot = 1 if bottom and sched.protected(e.children) else 0
+            score = sched.priority(e.cell, e.t_last)
+            if imp is not None and e.pos < len(imp):
+                score += float(imp[e.pos])
+            keyed.append((prot, score, k))
+        keyed.sort()
+        return [k for _, _, k in keyed]
+
     async def _shed(self, ti: int, need: int) -> None:
         tier = self._tiers[ti]
         async with self._lock:
             sizes = {k: self._index[k].nbytes for k in tier.lru if k in self._index}
             pinned = [k for k in sizes if self._index[k].pins]
-            victims = select_victims(list(tier.lru), sizes, need, pinned)
+            victims = select_victims(self._eviction_order(ti), sizes, need, pinned)
             for k in victims:
                 self._index[k].pins += 1
         try:
@@ -560,13 +765,17 @@ class TierKV:
                     e = self._index[k]
                     if e.tier != ti:
                         continue
+                    self._prefetch_wasted(e)
                     if e.backing > ti:  # a durable copy exists below: just drop this one
                         await self._demote_to_backing(e)
-                        tier.demotions += 1
+                        self._decided("demote", e, ti, e.backing, "watermark: durable copy below")
                         continue
                     if dest is not None and await self._move(e, ti, dest):
-                        tier.demotions += 1
+                        self._decided("demote", e, ti, dest, "watermark")
                         continue
+                    self._decided(
+                        "evict", e, ti, -1, "watermark at the bottom tier" if dest is None else "no room below"
+                    )
                     await self._drop(e)
         finally:
             async with self._lock:
@@ -574,6 +783,47 @@ class TierKV:
                     e2 = self._index.get(k)
                     if e2 is not None:
                         e2.pins -= 1
+
+    def _decided(self, kind: str, e: _Entry, src: int, dst: int, reason: str) -> None:
+        """Count and trace one placement decision with the predictor's view of the block."""
+        sched, tel = self._sched, self._tel
+        s_name = self._tiers[src].name if src >= 0 else ""
+        d_name = self._tiers[dst].name if dst >= 0 else ""
+        if kind == "demote":
+            self._tiers[src].demotions += 1
+            tel.demotions.add(1, {"from": s_name, "to": d_name})
+        elif kind == "promote":
+            tel.promotions.add(1, {"from": s_name, "to": d_name})
+        elif kind == "evict":
+            tel.evictions.add(1, {"tier": s_name, "reason": reason})
+        if not tel.enabled:
+            return
+        p = sched.p_reuse(e.cell)
+        post = sched.predictor
+        attrs: dict[str, Any] = {
+            "tierkv.block": e.key[:16],
+            "tierkv.score": sched.priority(e.cell, e.t_last),
+            "tierkv.posterior": p,
+            "tierkv.confidence": min(1.0, post.resolved / (post.resolved + post.config.confidence_k)),
+            "tierkv.from_tier": s_name,
+            "tierkv.to_tier": d_name,
+            "tierkv.reason": reason,
+            "tierkv.fanout": e.children,
+        }
+        rate = sched.prefill_tokens_per_s or 10_000.0
+        for ti, t in enumerate(self._tiers):
+            est = sched.estimators[ti]
+            kind_ = t.kind if t.kind in sched.placement.tier_usd_per_gb_hour else "pfs"
+            attrs[f"tierkv.value.{t.name}"] = placement_value(
+                p,
+                self._block_tokens,
+                e.nbytes,
+                kind_,
+                est.latency_s + e.nbytes / est.bandwidth_Bps,
+                rate,
+                sched.placement,
+            )
+        tel.decision(kind, attrs)
 
     async def _demote_to_backing(self, e: _Entry) -> None:
         src = self._tiers[e.tier]
@@ -589,9 +839,10 @@ class TierKV:
         try:
             data = await s.backend.read(e.key)
         except BlockNotFoundError:
-            await self._forget(e, "evicted_local")
+            await self._forget(e, "vanished")
             return True
         s.bytes_out += len(data)
+        self._tel.bytes_read.add(len(data), {"tier": s.name})
         try:
             await self._make_room(dst, e.nbytes)
             alloc = await d.backend.allocate(e.key, e.nbytes, tag=e.tag)
@@ -602,6 +853,7 @@ class TierKV:
         else:
             await d.backend.write(alloc, data)
             d.bytes_in += e.nbytes
+            self._tel.bytes_written.add(e.nbytes, {"tier": d.name})
         async with self._lock:
             s.lru.pop(e.key, None)
             e.tier = dst
@@ -619,30 +871,131 @@ class TierKV:
             if e.backing >= 0 and e.backing != e.tier:
                 await self._tiers[e.backing].backend.evict(e.key)
 
+    def _prefetch_wasted(self, e: _Entry) -> None:
+        """A prefetched block that leaves its tier before any hit was wasted."""
+        if e.key in self._prefetched:
+            self._prefetched.discard(e.key)
+            self.prefetch_stats["wasted"] += 1
+            self._tel.prefetch.add(1, {"outcome": "wasted"})
+
     async def _forget(self, e: _Entry, reason: str | None) -> None:
+        """Remove ``e`` from the index (its copies are the caller's business)."""
         async with self._lock:
             if self._index.get(e.key) is e:
                 del self._index[e.key]
+                parent = self._index.get(e.parent.hex()) if e.pos else None
+                if parent is not None and parent.children > 0:
+                    parent.children -= 1
             self._tiers[e.tier].lru.pop(e.key, None)
+        self._prefetch_wasted(e)
+        if e.count and self._tel.enabled and self._sched.now() - e.t_last <= self._sched.predictor.horizon:
+            pass  # outcome still open: it may yet be reused elsewhere; not counted
+        elif e.count and self._tel.enabled:
+            self._tel.calibration.add(1, {"bin": _pbin(e.p_pred), "outcome": "not_reused"})
         if reason:
-            self.misses_by_reason[reason] = self.misses_by_reason.get(reason, 0) + 1
+            self._tel.evictions.add(1, {"tier": self._tiers[e.tier].name, "reason": reason})
 
     # ---------------------------------------------------------------- lookup
+    def _walk(self, keys: list[bytes]) -> tuple[list[_Entry], str]:
+        """Index entries of the longest stored prefix and, if it ends early, why."""
+        out: list[_Entry] = []
+        for k in keys:
+            e = self._index.get(k.hex())
+            if e is None:
+                return out, "never_stored"
+            if not self._tiers[e.tier].healthy and not (e.backing >= 0 and self._tiers[e.backing].healthy):
+                return out, "tier_unhealthy"
+            out.append(e)
+        return out, ""
+
+    async def _adopt_shared(self, keys: list[bytes], start: int, tid: bytes) -> int:
+        """Adopt blocks ``keys[start:]`` that another process committed on a shared
+        tier (``capabilities.shared`` and :class:`SupportsTagLookup`), in chain
+        order, stopping at the first key no such tier holds. A tag is adopted
+        only if it is ours and names this model scope, tenant, position and
+        parent; its CRC is verified by ``get`` as for any block. A tier error
+        feeds that tier's breaker and ends the walk. Returns how many blocks
+        were adopted."""
+        shared = [
+            (ti, t)
+            for ti, t in enumerate(self._tiers)
+            if t.healthy and t.backend.capabilities.shared and isinstance(t.backend, SupportsTagLookup)
+        ]
+        adopted = 0
+        for i in range(start, len(keys) if shared else start):
+            key = keys[i].hex()
+            if key in self._index:
+                break
+            hit: tuple[int, bytes] | None = None
+            for ti, t in shared:
+                backend = t.backend
+                assert isinstance(backend, SupportsTagLookup)
+                try:
+                    tag = await backend.tag_of(key)
+                except BackendError as exc:
+                    self._tier_failed(ti, exc)
+                    return adopted
+                parsed = unpack_tag(tag) if tag is not None else None
+                if tag is not None and parsed is not None:
+                    ms, tenant, parent, pos, _crc, _nbytes, _root = parsed
+                    if (ms, tenant, parent, pos) == (
+                        self._model_scope[:16],
+                        tid[:16],
+                        keys[i - 1] if i else _ZERO32,
+                        i,
+                    ):
+                        hit = (ti, tag)
+                        break
+            if hit is None:
+                break
+            ti, tag = hit
+            ms, tenant, parent, pos, crc, nbytes, root = unpack_tag(tag) or (b"", b"", b"", 0, 0, 0, b"")
+            async with self._lock:
+                if key not in self._index:
+                    self._adopt(_Entry(key, ti, nbytes, tag, ms, tenant, parent, pos, crc), root)
+                    self._tiers[ti].lru[key] = None
+            adopted += 1
+        return adopted
+
+    def _miss_reason(self, arr: np.ndarray[Any, Any], found: int, reason: str) -> str:
+        """Refine ``never_stored`` at the first block into ``different_scope`` when
+        the same tokens are stored under another tenant or model scope."""
+        if reason == "never_stored" and found == 0 and len(arr) >= self._block_tokens:
+            if _root_of(arr, self._block_tokens) in self._roots:
+                return "different_scope"
+        return reason
+
     async def lookup(self, tokens: object, *, tenant: str | None = None) -> LookupResult:
         """How many leading tokens are stored, and in which tiers (no data moved).
 
         Raises TokensError, InputError, ClosedError.
         """
         self._check_open()
-        _, keys, _ = self._keys(tokens, tenant)
-        block_tiers: list[str] = []
-        for k in keys:
-            e = self._index.get(k.hex())
-            if e is None or not self._tiers[e.tier].healthy:
-                break
-            block_tiers.append(self._tiers[e.tier].name)
-        tiers = tuple(t.name for t in self._tiers if t.name in block_tiers)
-        return LookupResult(len(block_tiers) * self._block_tokens, len(block_tiers), tiers, tuple(block_tiers))
+        arr, keys, tid = self._keys(tokens, tenant)
+        with self._tel.timed("lookup") as span:
+            entries, reason = self._walk(keys)
+            if reason == "never_stored" and await self._adopt_shared(keys, len(entries), tid):
+                entries, reason = self._walk(keys)
+            block_tiers = [self._serving_tier(e).name for e in entries]
+            tiers = tuple(t.name for t in self._tiers if t.name in block_tiers)
+            hit = len(entries) * self._block_tokens
+            if span is not None:
+                span.set_attributes(
+                    {
+                        "tierkv.tokens": len(arr),
+                        "tierkv.hit_tokens": hit,
+                        "tierkv.tiers_hit": list(tiers),
+                        "tierkv.tenant": tid.hex(),
+                        "tierkv.miss_reason": self._miss_reason(arr, len(entries), reason)
+                        if len(entries) < len(keys)
+                        else "",
+                    }
+                )
+        return LookupResult(hit, len(entries), tiers, tuple(block_tiers))
+
+    def _serving_tier(self, e: _Entry) -> _Tier:
+        t = self._tiers[e.tier]
+        return t if t.healthy or e.backing < 0 else self._tiers[e.backing]
 
     # ------------------------------------------------------------------- get
     async def get(self, tokens: object, *, out: Any = None, tenant: str | None = None) -> GetResult:
@@ -652,36 +1005,116 @@ class TierKV:
         With ``out`` (a numpy array or CPU torch tensor of the layout for at
         least the returned prefix, of the configured dtype) the prefix is
         written into ``out[..., :tokens, ...]`` and ``out`` is returned as
-        ``kv``. A block that fails verification or vanished from its tier ends
-        the prefix there (a miss, never wrong bytes).
+        ``kv``. A block that fails verification, vanished from its tier, or
+        sits on an unhealthy tier ends the prefix there (a miss, never wrong
+        bytes); ``miss_reason`` says why. With a prefill rate configured, the
+        fetch-vs-recompute gate may answer a miss (``"gated"``) when reading
+        would be slower than recomputing.
+
+        Concurrent reads are bounded by ``scheduler.max_concurrent_fetches``
+        (admission control); a hit in a slower tier may schedule a promotion
+        in the background.
 
         Raises TokensError, KVLayoutError (bad ``out``), ClosedError, and
         LoadFailedError when a tier fails and ``load_failure = "fail"``.
         """
         self._check_open()
-        _, keys, _ = self._keys(tokens, tenant)
-        entries: list[_Entry] = []
-        async with self._lock:
-            for k in keys:
-                e = self._index.get(k.hex())
-                if e is None or not self._tiers[e.tier].healthy:
-                    break
-                e.pins += 1
-                entries.append(e)
-                self._touch(e)
-        try:
-            return await self._fetch(entries, len(keys), out)
-        finally:
+        arr, keys, tid = self._keys(tokens, tenant)
+        with self._tel.timed("get") as span:
+            found, reason = self._walk(keys)
+            if reason == "never_stored":
+                await self._adopt_shared(keys, len(found), tid)
             async with self._lock:
+                entries, reason = self._walk(keys)
                 for e in entries:
-                    e.pins -= 1
+                    e.pins += 1
+                self._record_access(entries, len(keys), len(entries))
+            try:
+                async with self._fetch_limiter:
+                    result = await self._fetch(entries, len(keys), out, arr, reason)
+            finally:
+                async with self._lock:
+                    for e in entries:
+                        e.pins -= 1
+            self._after_get(result, entries, tid, span, len(arr))
+        return result
 
-    async def _read_blocks(self, entries: list[_Entry]) -> list[memoryview | BaseException]:
-        """Read every entry's bytes, batched per tier; a failure is returned in place."""
+    def _after_get(self, r: GetResult, entries: list[_Entry], tid: bytes, span: Any, tokens: int) -> None:
+        tel = self._tel
+        tenant = tid.hex()
+        if r.miss_reason:
+            self.misses_by_reason[r.miss_reason] = self.misses_by_reason.get(r.miss_reason, 0) + 1
+            tel.misses.add(1, {"reason": r.miss_reason, "tenant": tenant})
+        if r.tokens:
+            tel.tokens_saved += r.tokens
+            tel.saved_tokens.add(r.tokens, {"tenant": tenant})
+            tel.tenant_tokens.add(r.tokens, {"tenant": tenant, "op": "hit"})
+        served = entries[: r.tokens // self._block_tokens]
+        for e in served:
+            if e.key in self._prefetched:
+                self._prefetched.discard(e.key)
+                self.prefetch_stats["useful"] += 1
+                tel.prefetch.add(1, {"outcome": "useful"})
+        if span is not None:
+            span.set_attributes(
+                {
+                    "tierkv.tokens": tokens,
+                    "tierkv.hit_tokens": r.tokens,
+                    "tierkv.tiers_hit": list(r.tiers),
+                    "tierkv.bytes": sum(e.nbytes for e in served),
+                    "tierkv.codec": "raw",
+                    "tierkv.tenant": tenant,
+                    "tierkv.miss_reason": r.miss_reason,
+                }
+            )
+        # promotions of blocks served from slower tiers (background, never blocking this call)
+        if self._jobs is not None:
+            healthy = [t.healthy for t in self._tiers]
+            for e in served:
+                if e.tier > 0:
+                    dst = self._sched.promotion_target(e.cell, self._block_tokens, e.nbytes, e.tier, healthy, e.count)
+                    if dst is not None:
+                        self._submit(("promote", e.key, dst))
+
+    def _record_access(self, entries: list[_Entry], prompt_blocks: int, leading_seen: int) -> None:
+        """Feed the predictor with one request's blocks (call under the index lock).
+
+        Blocks are touched leaf first with increasing timestamps so that a
+        parent always ranks at least as high as its descendants."""
+        sched = self._sched
+        now = sched.now()
+        pred = sched.predictor
+        n = len(entries)
+        tel = self._tel
+        for i in range(n - 1, -1, -1):
+            e = entries[i]
+            if e.count and tel.enabled:  # resolve the previous prediction: reused within the horizon?
+                reused = now - e.t_last <= pred.horizon
+                tel.calibration.add(1, {"bin": _pbin(e.p_pred), "outcome": "reused" if reused else "not_reused"})
+            e.count += 1
+            e.t_last = now + (n - i) * 1e-6
+            e.cell = sched.cell(
+                label=e.label,
+                position=e.pos,
+                prompt_blocks=prompt_blocks,
+                leading_seen=leading_seen,
+                count=e.count - 1,
+                fanout=e.children,
+            )
+            e.p_pred = sched.p_reuse(e.cell)
+            pred.observe(now, e.bid, e.cell)
+            self._touch(e)
+        pred.advance(now)
+
+    async def _read_blocks(self, entries: list[_Entry], served: list[int]) -> list[memoryview | BaseException]:
+        """Read every entry's bytes, batched per tier; a failure is returned in
+        place. ``served[i]`` is set to the tier entry ``i`` was read from."""
         results: list[memoryview | BaseException] = [BlockNotFoundError("unread")] * len(entries)
         by_tier: dict[int, list[int]] = {}
         for i, e in enumerate(entries):
-            by_tier.setdefault(e.tier, []).append(i)
+            ti = e.tier if self._tiers[e.tier].healthy or e.backing < 0 else e.backing
+            served[i] = ti
+            by_tier.setdefault(ti, []).append(i)
         for ti, idxs in by_tier.items():
             await self._read_tier(ti, idxs, entries, results)
         for i, r in enumerate(results):  # serve from the durable copy when the fast copy failed
@@ -691,6 +1124,7 @@ class TierKV:
                     results[i] = await self._tiers[e.backing].backend.read(e.key)
                 except BackendError:
                     continue
+                served[i] = e.backing
                 async with self._lock:
                     self._tiers[e.tier].lru.pop(e.key, None)
                     e.tier = e.backing
@@ -700,34 +1134,68 @@ class TierKV:
     async def _read_tier(
         self, ti: int, idxs: list[int], entries: list[_Entry], results: list[memoryview | BaseException]
     ) -> None:
-        """Batch-read the entries ``idxs`` from tier ``ti`` into ``results``."""
-        backend = self._tiers[ti].backend
+        """Batch-read the entries ``idxs`` from tier ``ti`` into ``results``;
+        feeds the tier's bandwidth estimator and circuit breaker."""
+        tier = self._tiers[ti]
+        backend = tier.backend
+        t0 = time.perf_counter()
         try:
             views = await backend.read_many([entries[i].key for i in idxs])
-            for i, v in zip(idxs, views, strict=True):
-                results[i] = v
         except BackendError as batch_exc:
             pending: BackendError | None = batch_exc if isinstance(batch_exc, IntegrityError) else None
             for i in idxs:  # find which block failed
                 try:
                     results[i] = await backend.read(entries[i].key)
+                    tier.breaker.record_success()
                 except BlockNotFoundError as exc:
                     # a block the batch found corrupt is quarantined, so it now reads as missing
                     results[i] = pending or exc
                     pending = None
+                except IntegrityError as exc:
+                    results[i] = exc
                 except BackendError as exc:
                     results[i] = exc
+                    self._tier_failed(ti, exc)
+            return
+        tier.breaker.record_success()
+        nbytes = 0
+        for i, v in zip(idxs, views, strict=True):
+            results[i] = v
+            nbytes += len(v)
+        self._sched.estimators[ti].observe(nbytes, time.perf_counter() - t0)
 
-    async def _fetch(self, entries: list[_Entry], wanted: int, out: Any) -> GetResult:
+    async def _fetch(
+        self, entries: list[_Entry], wanted: int, out: Any, arr: np.ndarray[Any, Any], reason: str
+    ) -> GetResult:
         bt = self._block_tokens
         n = len(entries)
-        miss_reason = "" if n == wanted else "never_stored"
-        if n < wanted:
-            self._tiers[-1].misses += 1
+        miss_reason = "" if n == wanted else self._miss_reason(arr, n, reason)
         if n == 0:
+            if wanted:
+                self._tiers[-1].misses += 1
             return GetResult(0, None, (), miss_reason)
+        by_tier: dict[int, int] = {}
+        for e in entries:
+            by_tier[e.tier] = by_tier.get(e.tier, 0) + e.nbytes
+        decision = self._sched.gate(n * bt, by_tier)
+        if decision is not None:
+            self._tel.gate.add(1, {"decision": "fetch" if decision.fetch else "recompute"})
+            with self._tel.span(
+                "tierkv.gate",
+                {
+                    "tierkv.fetch_s": decision.fetch_s,
+                    "tierkv.recompute_s": decision.recompute_s,
+                    "tierkv.decision": "fetch" if decision.fetch else "recompute",
+                    "tierkv.reason": decision.reason,
+                    "tierkv.tokens": n * bt,
+                },
+            ):
+                pass
+            if not decision.fetch:
+                return GetResult(0, None, (), "gated", decision.fetch_s, decision.recompute_s)
         target = self._out_view(out, n * bt)
-        datas = await self._read_blocks(entries)
+        served = [e.tier for e in entries]
+        datas = await self._read_blocks(entries, served)
 
         def assemble() -> int:
             for i, (e, d) in enumerate(zip(entries, datas, strict=True)):
@@ -741,10 +1209,12 @@ class TierKV:
             return len(entries)
 
         good = await anyio.to_thread.run_sync(assemble)
-        for e in entries[:good]:
-            tier = self._tiers[e.tier]
+        for i in range(good):
+            e, tier = entries[i], self._tiers[served[i]]
             tier.hits += 1
             tier.bytes_out += e.nbytes
+            self._tel.hits.add(1, {"tier": tier.name})
+            self._tel.bytes_read.add(e.nbytes, {"tier": tier.name})
         if good < n:
             e, err = entries[good], datas[good]
             tier = self._tiers[e.tier]
@@ -760,19 +1230,17 @@ class TierKV:
                         tier.lru.pop(e.key, None)
                         e.tier = e.backing
                         self._tiers[e.tier].lru[e.key] = None
-                    self.misses_by_reason[miss_reason] = self.misses_by_reason.get(miss_reason, 0) + 1
                 else:
-                    await self._forget(e, miss_reason)
+                    await self._forget(e, None)
             else:
                 if self.config.load_failure == "fail":
                     raise LoadFailedError(f"reading block {good} from tier {tier.name!r} failed: {err}") from (
                         err if isinstance(err, BaseException) else None
                     )
-                miss_reason = "tier_error"
-                self.misses_by_reason["tier_error"] = self.misses_by_reason.get("tier_error", 0) + 1
+                miss_reason = "tier_unhealthy" if not tier.healthy else "tier_error"
         if good == 0:
             return GetResult(0, None, (), miss_reason)
-        used = {e.tier for e in entries[:good]}
+        used = set(served[:good])
         tiers = tuple(t.name for i, t in enumerate(self._tiers) if i in used)
         if out is not None:
             return GetResult(good * bt, out, tiers, miss_reason)
@@ -820,6 +1288,231 @@ class TierKV:
         for e in victims:
             await self._drop(e)
         return len(victims)
+
+    # ------------------------------------------------------- scheduler service
+    async def run_scheduler(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """The background placement service: promotions, demotions, prefetches,
+        capacity reservations and health probes of unhealthy tiers.
+
+        Start it in your task group with ``await tg.start(kv.run_scheduler)``
+        (``async with await TierKV.open(cfg) as kv`` starts it for you). While it
+        runs, ``put`` and ``get`` only *queue* placement work, so they never wait
+        for it; jobs beyond ``scheduler.queue`` are dropped and counted. Each
+        tier runs at most ``scheduler.max_transfers_per_tier`` transfers at once.
+        Cancel the enclosing scope (or close the TierKV) to stop it; jobs in
+        flight finish their current block (writes are shielded), queued ones are
+        dropped. Only one service may run per TierKV.
+        """
+        self._check_open()
+        if self._jobs is not None:
+            raise SchedulerError("the scheduler service is already running for this TierKV")
+        send, recv = anyio.create_memory_object_stream[tuple[Any, ...]](self._sched.queue_size)
+        try:
+            async with anyio.create_task_group() as tg, recv:
+                self._jobs = send
+                tg.start_soon(self._probe_loop)
+                task_status.started()
+                async for job in recv:
+                    tg.start_soon(self._run_job, job)
+                tg.cancel_scope.cancel()
+        finally:
+            self._jobs = None
+            self._pending_jobs.clear()
+            send.close()
+
+    def _submit(self, job: tuple[Any, ...]) -> None:
+        """Queue a background job (deduplicated); drop it if the queue is full."""
+        if self._jobs is None or job in self._pending_jobs:
+            return
+        try:
+            self._jobs.send_nowait(job)
+        except (anyio.WouldBlock, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._sched.dropped_jobs += 1
+            return
+        self._pending_jobs.add(job)
+
+    async def _run_job(self, job: tuple[Any, ...]) -> None:
+        try:
+            kind = job[0]
+            if kind == "rebalance":
+                await self._rebalance()
+            elif kind in ("promote", "prefetch"):
+                key, dst = job[1], job[2]
+                e = self._index.get(key)
+                if e is None or e.tier <= dst or not self._tiers[dst].healthy:
+                    return
+                async with self._tiers[e.tier].limiter, self._tiers[dst].limiter:
+                    await self._promote_if_room(e, dst, "prefetch" if kind == "prefetch" else "value")
+            elif kind == "reserve":
+                await self._make_room(0, int(job[1]))
+        except TierKVError as exc:  # a failed background job never kills the service
+            self._tel.decision("job_failed", {"tierkv.job": str(job[0]), "tierkv.reason": str(exc)[:200]})
+        finally:
+            self._pending_jobs.discard(job)
+
+    async def _promote_if_room(self, e: _Entry, dst: int, reason: str) -> bool:
+        async with self._lock:
+            if self._index.get(e.key) is not e or e.tier <= dst:
+                return False
+            e.pins += 1
+        try:
+            src = e.tier
+            await self._make_room(dst, e.nbytes)
+            ok = await self._promote(e, dst)
+            if ok:
+                self._decided("promote", e, src, dst, reason)
+                if reason == "prefetch":
+                    self._prefetched.add(e.key)
+                    self.prefetch_stats["issued"] += 1
+            return ok
+        finally:
+            async with self._lock:
+                e.pins -= 1
+
+    async def _probe_loop(self) -> None:
+        """Probe unhealthy tiers once their breaker's cooldown has passed."""
+        while True:
+            await anyio.sleep(max(0.05, min(1.0, min((t.breaker.cooldown_s for t in self._tiers), default=1.0) / 2)))
+            for ti, t in enumerate(self._tiers):
+                if t.healthy or not t.breaker.allow():
+                    continue
+                try:
+                    with anyio.fail_after(5):
+                        await t.backend.contains("tierkv-probe")
+                except (TierKVError, TimeoutError) as exc:
+                    self._tier_failed(ti, exc)
+                else:
+                    t.breaker.record_success()
+                    if t.healthy:
+                        self._tel.decision("tier_healthy", {"tierkv.tier": t.name, "tierkv.reason": "probe succeeded"})
+
+    # ------------------------------------------------------------------ hints
+    def hint(
+        self,
+        *,
+        transition: str | None = None,
+        tool: str | None = None,
+        decode_position: int | None = None,
+        tokens: object = None,
+        tenant: str | None = None,
+    ) -> None:
+        """Tell the scheduler what the engine knows (never blocks, no I/O).
+
+        * ``transition`` (``same_tool_repeat``, ``tool_switch``,
+          ``reasoning_step``, ``agent_handoff``) labels the next request's
+          blocks for the reuse predictor;
+        * ``tool`` names the tool the agent calls now: the Markov chain counts
+          the transition from the previous tool, and when it predicts the next
+          tool with probability >= 0.5 the service reserves room in the fastest
+          tier for that tool's KV profile and prefetches its context blocks
+          (those put with ``block_type="tool_context"`` while it was the current
+          tool), and the head-importance multipliers are reset for the switch;
+        * ``decode_position`` with ``tokens``: prefetch the blocks covering
+          ``[n, n + w]`` (RoPE-aware window, see :meth:`prefetch`).
+
+        Raises ConfigError for an unknown transition label.
+        """
+        sched = self._sched
+        if transition is not None:
+            sched.transition = sched.transition_index(transition)
+        if tool is not None:
+            prev = sched.tool
+            if prev is not None:
+                sched.chain.observe_transition(prev, tool)
+            sched.tool = tool
+            pred = sched.chain.predict(tool)
+            if pred is not None and pred[1] >= 0.5:
+                nxt, p = pred
+                reserve = sched.chain.reservation(tool)
+                if reserve:
+                    self._submit(("reserve", reserve))
+                for key in self._tool_blocks.get(nxt, []):
+                    self._submit(("prefetch", key, 0))
+                if sched.importance is not None:
+                    sched.importance.set_multipliers(None)
+                self._tel.decision(
+                    "predicted_switch", {"tierkv.tool": tool, "tierkv.next_tool": nxt, "tierkv.probability": p}
+                )
+        if decode_position is not None and tokens is not None:
+            self._prefetch_keys(tokens, decode_position, tenant)
+
+    def _prefetch_keys(self, tokens: object, decode_position: int, tenant: str | None) -> list[str]:
+        if isinstance(decode_position, bool) or not isinstance(decode_position, int) or decode_position < 0:
+            raise InputError(f"decode_position: expected an int >= 0, got {decode_position!r}")
+        _, keys, _ = self._keys(tokens, tenant)
+        sched = self._sched
+        if sched.prefetch_window is None:
+            sched.prefetch_window = PrefetchWindow(self._block_tokens, min_window=self._block_tokens)
+        wanted = [keys[i].hex() for i in sched.prefetch_window.blocks(decode_position, total_blocks=len(keys))]
+        out = []
+        for k in wanted:
+            e = self._index.get(k)
+            if e is not None and e.tier > 0:
+                self._submit(("prefetch", k, 0))
+                out.append(k)
+        return out
+
+    async def prefetch(self, tokens: object, *, decode_position: int = 0, tenant: str | None = None) -> int:
+        """Promote the blocks covering ``[decode_position, decode_position + w]``
+        of ``tokens`` into the fastest tier ahead of need; ``w`` adapts per layer
+        class from the attention spans reported with :meth:`report_attention`.
+
+        With the scheduler service running this only queues the promotions and
+        returns at once; without it the promotions run now. Returns the number
+        of blocks scheduled (or promoted). Raises TokensError, InputError.
+        """
+        self._check_open()
+        with self._tel.timed("prefetch") as span:
+            keys = self._prefetch_keys(tokens, decode_position, tenant)
+            done = len(keys)
+            if self._jobs is None:
+                done = 0
+                for k in keys:
+                    e = self._index.get(k)
+                    if e is not None and await self._promote_if_room(e, 0, "prefetch"):
+                        done += 1
+            if span is not None:
+                _, tid = self._scope_digest(tenant)
+                span.set_attributes(
+                    {
+                        "tierkv.decode_position": decode_position,
+                        "tierkv.blocks": done,
+                        "tierkv.tokens": len(to_token_array(tokens)),
+                        "tierkv.tenant": tid.hex(),
+                    }
+                )
+        return done
+
+    def report_attention(
+        self,
+        layer: int,
+        head_scores: Any,
+        positions: Any,
+        query_pos: int,
+        *,
+        layer_class: str = "global",
+    ) -> None:
+        """Report one layer's attention statistics (``head_scores``: query heads x
+        attended positions) at decode position ``query_pos``: updates the
+        head-granular EMA importance and the prefetch window of ``layer_class``
+        (``"local"`` for sliding-window layers, ``"global"`` otherwise)."""
+        from .scheduler import HeadImportance, attention_span
+
+        sched = self._sched
+        spec = self._spec
+        if sched.importance is None:
+            sched.importance = HeadImportance(
+                spec.kv_layers,
+                spec.num_attention_heads,
+                spec.num_kv_heads,
+                block_tokens=self._block_tokens,
+                mla=spec.attention == "mla",
+            )
+        sched.importance.report_attention(layer, head_scores, positions, query_pos)
+        if sched.prefetch_window is None:
+            sched.prefetch_window = PrefetchWindow(self._block_tokens, min_window=self._block_tokens)
+        scores = np.asarray(head_scores).max(axis=0)
+        sched.prefetch_window.observe_span(layer_class, attention_span(scores, np.asarray(positions), query_pos))
 
     # ----------------------------------------------------------------- flush
     async def flush(self, scope: Scope | None = None, *, batch: int = 64) -> int:
@@ -983,15 +1676,25 @@ class TierKV:
         """Copy a block up to tier ``dst``; a persistent source stays as the
         durable copy, a volatile one is evicted. False if it did not fit."""
         src = e.tier
+        dst_backend = self._tiers[dst].backend
         try:
             data = await self._tiers[src].backend.read(e.key)
-            alloc = await self._tiers[dst].backend.allocate(e.key, e.nbytes, tag=e.tag)
+            try:
+                alloc = await dst_backend.allocate(e.key, e.nbytes, tag=e.tag)
+            except CapacityError:
+                # free bytes may be fragmented (size classes): shed, then try once more
+                if dst_backend.stats().capacity_bytes < e.nbytes:
+                    raise
+                await self._shed(dst, e.nbytes)
+                alloc = await dst_backend.allocate(e.key, e.nbytes, tag=e.tag)
         except (BlockNotFoundError, CapacityError, BlockExistsError):
             return False
         with anyio.CancelScope(shield=True):
             await self._tiers[dst].backend.write(alloc, data)
             self._tiers[dst].bytes_in += e.nbytes
             self._tiers[src].bytes_out += e.nbytes
+            self._tel.bytes_written.add(e.nbytes, {"tier": self._tiers[dst].name})
+            self._tel.bytes_read.add(e.nbytes, {"tier": self._tiers[src].name})
             async with self._lock:
                 self._tiers[src].lru.pop(e.key, None)
                 e.tier = dst
@@ -1090,14 +1793,14 @@ class TierKV:
                 parsed = unpack_tag(info.tag)
                 if parsed is None:
                     continue  # not a tierkv block (a checkpoint manifest, another user's object)
-                ms, tenant, parent, pos, crc, nbytes = parsed
+                ms, tenant, parent, pos, crc, nbytes, root = parsed
                 if nbytes != info.nbytes:
                     continue
                 e = self._index.get(info.key)
                 if e is None:
                     e = _Entry(info.key, ti, info.nbytes, info.tag, ms, tenant, parent, pos, crc)
                     e.backing = ti
-                    self._index[info.key] = e
+                    self._adopt(e, root)
                     t.lru[info.key] = None
                 elif e.backing == e.tier:
                     e.backing = ti

@@ -1,0 +1,214 @@
+"""The predictive scheduler inside TierKV: the anyio service, promotions, prefetch,
+the fetch-vs-recompute gate, circuit breakers with fault injection, hints."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+from tierkv_conformance import FaultConfig, FaultInjectingBackend
+
+from tierkv import Config, InputError, LoadFailedError, SchedulerError, TierKV
+from tierkv_backends.dram import DramBackend
+from tierkv_backends.pfs import PfsBackend
+
+pytestmark = pytest.mark.anyio
+
+HF = json.loads((Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text())
+BT = 16
+BLK = 30 * 2 * BT * 3 * 64 * 2
+
+
+def kv_for(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((30, 2, n, 3, 64)).astype(np.float16)
+
+
+def config(tmp_path: Path, *, dram: int = 64 << 20, scheduler: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "model": {"name": "smol", "revision": "r1", "hf_config": HF},
+        "kv_dtype": "float16",
+        "block_tokens": BT,
+        "tiers": [
+            {"name": "dram", "backend": "dram", "capacity": dram},
+            {"name": "pfs", "backend": "pfs", "path": str(tmp_path / "pfs"), "capacity": "512MiB"},
+        ],
+        "scheduler": scheduler or {},
+    }
+
+
+async def wait_for(cond: Any, limit: float = 10.0) -> None:
+    """Poll a condition on background work (the service has no event to wait on)."""
+    with anyio.fail_after(limit):
+        while not cond():  # noqa: ASYNC110
+            await anyio.sleep(0.01)
+
+
+async def test_service_lifecycle_and_single_instance(tmp_path: Path) -> None:
+    async with await TierKV.open(config(tmp_path)) as kv:
+        assert kv._jobs is not None  # started by async with
+        with pytest.raises(SchedulerError):
+            await kv.run_scheduler()
+    assert kv._jobs is None and kv._service_tg is None
+    kv2 = await TierKV.open(config(tmp_path / "b"))
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(kv2.run_scheduler)
+            assert kv2._jobs is not None
+            await kv2.put(list(range(32)), kv_for(32))
+            tg.cancel_scope.cancel()  # shutdown by cancellation
+        assert kv2._jobs is None
+        assert (await kv2.get(list(range(32)))).tokens == 32  # still usable without the service
+    finally:
+        await kv2.aclose()
+
+
+async def test_hits_in_a_slow_tier_are_promoted_in_the_background(tmp_path: Path) -> None:
+    async with await TierKV.open(config(tmp_path, dram=BLK * 4, scheduler={"prefill_tokens_per_s": 50.0})) as kv:
+        hot = list(range(32))
+        await kv.put(hot, kv_for(32))
+        for i in range(4):  # push the hot prefix down to PFS
+            await kv.put(list(range(1000 * (i + 1), 1000 * (i + 1) + 32)), kv_for(32, i + 1))
+        await wait_for(lambda: kv.stats()["dram"].used_bytes <= 0.9 * BLK * 4)
+        assert "pfs" in (await kv.lookup(hot)).tiers
+        for _ in range(3):  # repeated hits make its reuse value win over what sits in DRAM
+            g = await kv.get(hot)
+            assert g.kv.tobytes() == kv_for(32).tobytes()
+        await wait_for(lambda: kv.stats()["dram"].promotions > 0)
+        g = await kv.get(hot)
+        assert g.kv.tobytes() == kv_for(32).tobytes()
+
+
+async def test_prefetch_promotes_the_rope_window(tmp_path: Path) -> None:
+    async with await TierKV.open(config(tmp_path)) as kv:
+        toks = list(range(64))
+        await kv.put(toks, kv_for(64), durable=True)
+        # move everything to PFS by hand: drop the DRAM copies (the durable copies stay)
+        for e in list(kv._index.values()):
+            await kv._demote_to_backing(e)
+        assert (await kv.lookup(toks)).tiers == ("pfs",)
+        n = await kv.prefetch(toks, decode_position=17)  # blocks covering [17, 17 + w]
+        assert n >= 1
+        # with the service running the promotions happen in the background
+        await wait_for(lambda: kv.prefetch_stats["issued"] == n)
+        lk = await kv.lookup(toks)
+        assert lk.block_tiers[0] == "pfs" and lk.block_tiers[1] == "dram"
+        assert kv.prefetch_stats["issued"] == n
+        g = await kv.get(toks)
+        assert g.kv.tobytes() == kv_for(64).tobytes()
+        assert kv.prefetch_stats["useful"] == n
+        with pytest.raises(Exception, match="decode_position"):
+            await kv.prefetch(toks, decode_position=-1)
+
+
+async def test_gate_boundaries(tmp_path: Path) -> None:
+    toks = list(range(64))
+    # recompute is near-free: reading DRAM cannot beat it -> gated miss with both estimates
+    async with await TierKV.open(config(tmp_path / "a", scheduler={"prefill_tokens_per_s": 1e12})) as kv:
+        await kv.put(toks, kv_for(64))
+        g = await kv.get(toks)
+        assert g.tokens == 0 and g.miss_reason == "gated"
+        assert g.fetch_s is not None and g.recompute_s is not None and g.recompute_s < g.fetch_s
+        assert kv._sched.gate_decisions["recompute"] == 1
+    # recompute is slow: fetch wins
+    async with await TierKV.open(config(tmp_path / "b", scheduler={"prefill_tokens_per_s": 100.0})) as kv:
+        await kv.put(toks, kv_for(64))
+        g = await kv.get(toks)
+        assert g.tokens == 64 and g.miss_reason == ""
+        assert kv._sched.gate_decisions["fetch"] == 1
+        # a zero-length prefix is never fetched
+        g0 = await kv.get(list(range(5)))
+        assert g0.tokens == 0 and g0.kv is None
+
+
+async def _faulty_kv(tmp_path: Path, policy: str = "recompute") -> tuple[TierKV, FaultInjectingBackend]:
+    cfg = Config.load(
+        {
+            **config(tmp_path, scheduler={"breaker": {"failure_threshold": 2, "cooldown_s": 0.2}}),
+            "load_failure": policy,
+        }
+    )
+    dram = FaultInjectingBackend(await DramBackend.open({"capacity": 64 << 20}, name="dram"), name="dram")
+    pfs = await PfsBackend.open({"path": str(tmp_path / "pfs"), "capacity": "512MiB"}, name="pfs")
+    kv = TierKV(cfg, [("dram", dram), ("pfs", pfs)])
+    await kv._recover()
+    return kv, dram
+
+
+async def test_failing_tier_is_marked_unhealthy_and_recovers(tmp_path: Path) -> None:
+    kv, dram = await _faulty_kv(tmp_path)
+    try:
+        fast, durable = list(range(32)), list(range(500, 532))
+        await kv.put(fast, kv_for(32))
+        await kv.put(durable, kv_for(32, 1), durable=True)
+        dram.set_faults(FaultConfig(error_rate=1.0, ops=frozenset({"read", "contains", "allocate", "write"})))
+        g1 = await kv.get(fast)
+        assert g1.tokens == 0 and g1.miss_reason in ("tier_error", "tier_unhealthy")
+        await kv.get(fast)
+        assert not kv.stats()["dram"].healthy  # breaker opened after 2 failures
+        g = await kv.get(fast)
+        assert g.tokens == 0 and g.miss_reason == "tier_unhealthy"
+        # blocks with a durable copy on the healthy tier are still served, bit-exact
+        g = await kv.get(durable)
+        assert g.tokens == 32 and g.tiers == ("pfs",) and g.kv.tobytes() == kv_for(32, 1).tobytes()
+        # new blocks go around the unhealthy tier
+        r = await kv.put(list(range(900, 932)), kv_for(32, 2))
+        assert r.tiers == ("pfs",)
+        # recovery by probes once the faults stop
+        dram.set_faults(FaultConfig())
+        async with anyio.create_task_group() as tg:
+            await tg.start(kv.run_scheduler)
+            await wait_for(lambda: kv.stats()["dram"].healthy, limit=5)
+            tg.cancel_scope.cancel()
+        g = await kv.get(fast)
+        assert g.tokens == 32 and g.kv.tobytes() == kv_for(32).tobytes()
+    finally:
+        await kv.aclose()
+
+
+async def test_load_failure_policy_fail_raises_typed_error(tmp_path: Path) -> None:
+    kv, dram = await _faulty_kv(tmp_path, policy="fail")
+    try:
+        await kv.put(list(range(32)), kv_for(32))
+        dram.set_faults(FaultConfig(error_rate=1.0, ops=frozenset({"read"})))
+        with pytest.raises(LoadFailedError):
+            await kv.get(list(range(32)))
+    finally:
+        await kv.aclose()
+
+
+async def test_torn_writes_are_never_served(tmp_path: Path) -> None:
+    kv, dram = await _faulty_kv(tmp_path)
+    try:
+        dram.set_faults(FaultConfig(torn_write_rate=1.0, seed=3))
+        toks = list(range(48))
+        await kv.put(toks, kv_for(48))
+        assert dram.torn_keys
+        g = await kv.get(toks)
+        assert g.tokens == 0 and g.miss_reason == "integrity"
+    finally:
+        await kv.aclose()
+
+
+async def test_hints_drive_the_markov_chain_and_tool_prefetch(tmp_path: Path) -> None:
+    async with await TierKV.open(config(tmp_path)) as kv:
+        with pytest.raises(InputError, match="transition"):
+            kv.hint(transition="teleport")
+        kv.hint(transition="tool_switch")
+        kv.hint(tool="search")
+        ctx = list(range(7000, 7032))
+        await kv.put(ctx, kv_for(32, 9), block_type="tool_context", durable=True)
+        for e in list(kv._index.values()):
+            await kv._demote_to_backing(e)
+        kv.hint(tool="code")
+        kv.hint(tool="search")  # search -> code -> search: after "search", "code" was seen once
+        kv.hint(tool="code")
+        # after "code" the chain predicts "search" (p = 1.0): its context is prefetched into DRAM
+        await wait_for(lambda: kv._index[next(iter(kv._tool_blocks["search"]))].tier == 0)
+        pred = kv._sched.chain.predict("code")
+        assert pred is not None and pred[0] == "search" and pred[1] == 1.0
+        with pytest.raises(InputError, match="block_type"):
+            await kv.put(list(range(16)), kv_for(16), block_type="weird")

@@ -1,0 +1,269 @@
+"""The scheduler's state inside a :class:`~tierkv.TierKV`: pure decisions, no I/O.
+
+This module glues the pure models of :mod:`tierkv.scheduler` (reuse
+predictor, gate, circuit breakers, placement value, prefetch window, tool
+chain, head importance) to the core's index. TierKV does the I/O; everything
+here is synchronous bookkeeping called from the event loop.
+
+Configuration: the ``[scheduler]`` table.
+
+=========================  ===========  ==================================================
+field                      default      meaning
+=========================  ===========  ==================================================
+``policy``                 predictive   ``predictive`` (predictor ranks evictions and drives
+                                        promotions) or ``lru`` (the foundation's placement)
+``prefill_tokens_per_s``   none         the engine's prefill rate; enables the
+                                        fetch-vs-recompute gate
+``tau_s``                  300          recency time constant of the eviction ranking
+``promote``                true         promote hits from lower tiers when their value wins
+``max_transfers_per_tier`` 4            concurrent promotions/demotions/prefetches per tier
+``max_concurrent_fetches`` 64           admission control: concurrent ``get`` reads
+``queue``                  1024         pending background jobs (excess jobs are dropped, counted)
+``predictor``              {}           :class:`~tierkv.scheduler.PredictorConfig` fields
+``breaker``                {}           failure_threshold, cooldown_s, probe_successes
+``placement``              {}           :class:`~tierkv.scheduler.PlacementConfig` fields
+=========================  ===========  ==================================================
+
+Eviction ranking (predictive policy): ``priority = ln P(reuse | cell) +
+t_last / tau``, i.e. ``P(reuse) x exp(-age / tau)`` in log space; a request
+touches its blocks leaf first so that a parent always ranks at least as high as
+its descendants (a prefix is useless without its ancestors); blocks with a
+prefix fanout of ``placement.protect_fanout`` children or more are protected
+from eviction at the bottom tier while anything else can go.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import ConfigError, InputError
+from ._options import opt_bool, opt_choice, opt_float, opt_int, reject_unknown
+from .scheduler import (
+    BLOCK_TYPES,
+    TRANSITIONS,
+    CircuitBreaker,
+    GateDecision,
+    HeadImportance,
+    PlacementConfig,
+    PredictorConfig,
+    PrefetchWindow,
+    ReusePredictor,
+    TierEstimator,
+    ToolChain,
+    cell_index,
+    count_bucket,
+    derive_block_type,
+    derive_transition,
+    fanout_bucket,
+    gate,
+    placement_value,
+    size_bucket,
+)
+from .scheduler._predictor import BLOCK_TYPES as _BT
+
+__all__ = ["DEFAULT_TIER_PERFORMANCE", "SchedulerState", "TierPerf"]
+
+_KNOWN = frozenset(
+    {
+        "policy",
+        "prefill_tokens_per_s",
+        "tau_s",
+        "promote",
+        "max_transfers_per_tier",
+        "max_concurrent_fetches",
+        "queue",
+        "predictor",
+        "breaker",
+        "placement",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TierPerf:
+    """Seed estimates of a tier kind: round-trip latency (s) and bandwidth (bytes/s)."""
+
+    latency_s: float
+    bandwidth_Bps: float
+
+
+#: Seeds for the per-tier EWMA estimators, replaced by measurements as reads happen.
+DEFAULT_TIER_PERFORMANCE: Mapping[str, TierPerf] = {
+    "hbm": TierPerf(5e-6, 1.0e12),
+    "dram": TierPerf(5e-6, 2.0e10),
+    "cxl": TierPerf(1e-5, 1.0e10),
+    "rdma": TierPerf(2e-5, 1.0e10),
+    "nvme": TierPerf(1e-4, 3.0e9),
+    "pfs": TierPerf(1e-3, 1.0e9),
+    "remote": TierPerf(5e-4, 1.0e9),
+    "other": TierPerf(1e-3, 1.0e9),
+}
+
+
+def _table(options: Mapping[str, Any], key: str) -> dict[str, Any]:
+    v = options.get(key, {})
+    if not isinstance(v, Mapping):
+        raise ConfigError(f"scheduler.{key}", v, "a table")
+    return dict(v)
+
+
+class SchedulerState:
+    """Per-TierKV scheduler state (single event loop; not thread-safe)."""
+
+    def __init__(self, options: Mapping[str, Any], tier_names: Sequence[str], tier_kinds: Sequence[str]) -> None:
+        reject_unknown(options, _KNOWN, prefix="scheduler")
+        self.policy = opt_choice(options, "policy", ("predictive", "lru"), "predictive", prefix="scheduler")
+        rate = options.get("prefill_tokens_per_s")
+        self.prefill_tokens_per_s: float | None = (
+            None if rate is None else opt_float(options, "prefill_tokens_per_s", prefix="scheduler", minimum=1e-9)
+        )
+        self.tau_s = opt_float(options, "tau_s", 300.0, prefix="scheduler", minimum=1e-3)
+        self.promote = opt_bool(options, "promote", True, prefix="scheduler")
+        self.max_transfers = opt_int(options, "max_transfers_per_tier", 4, prefix="scheduler", minimum=1)
+        self.max_fetches = opt_int(options, "max_concurrent_fetches", 64, prefix="scheduler", minimum=1)
+        self.queue_size = opt_int(options, "queue", 1024, prefix="scheduler", minimum=1)
+        pred = _table(options, "predictor")
+        try:
+            self.predictor = ReusePredictor(PredictorConfig(**pred))
+        except TypeError as exc:
+            raise ConfigError("scheduler.predictor", pred, f"fields of PredictorConfig ({exc})") from exc
+        br = _table(options, "breaker")
+        reject_unknown(
+            br, frozenset({"failure_threshold", "cooldown_s", "probe_successes"}), prefix="scheduler.breaker"
+        )
+        self.breakers = [
+            CircuitBreaker(
+                name,
+                failure_threshold=br.get("failure_threshold", 3),
+                cooldown_s=br.get("cooldown_s", 2.0),
+                probe_successes=br.get("probe_successes", 1),
+            )
+            for name in tier_names
+        ]
+        pl = _table(options, "placement")
+        try:
+            self.placement = PlacementConfig(**pl)
+        except TypeError as exc:
+            raise ConfigError("scheduler.placement", pl, f"fields of PlacementConfig ({exc})") from exc
+        self.kinds = list(tier_kinds)
+        self.estimators = [
+            TierEstimator(
+                DEFAULT_TIER_PERFORMANCE.get(k, DEFAULT_TIER_PERFORMANCE["other"]).latency_s,
+                DEFAULT_TIER_PERFORMANCE.get(k, DEFAULT_TIER_PERFORMANCE["other"]).bandwidth_Bps,
+            )
+            for k in tier_kinds
+        ]
+        self.chain = ToolChain()
+        self.prefetch_window: PrefetchWindow | None = None
+        self.importance: HeadImportance | None = None
+        self.transition: int | None = None
+        self.tool: str | None = None
+        self._t0 = time.monotonic()
+        self.gate_decisions = {"fetch": 0, "recompute": 0}
+        self.dropped_jobs = 0
+
+    # ------------------------------------------------------------------ time
+    def now(self) -> float:
+        """Seconds since this scheduler started (the predictor's clock)."""
+        return time.monotonic() - self._t0
+
+    # ---------------------------------------------------------------- labels
+    @staticmethod
+    def block_type_index(block_type: str | None) -> int | None:
+        if block_type is None:
+            return None
+        try:
+            return _BT.index(block_type)
+        except ValueError:
+            raise InputError(f"block_type: got {block_type!r}; allowed: " + ", ".join(BLOCK_TYPES)) from None
+
+    @staticmethod
+    def transition_index(transition: str | None) -> int | None:
+        if transition is None:
+            return None
+        try:
+            return TRANSITIONS.index(transition)
+        except ValueError:
+            raise InputError(f"transition: got {transition!r}; allowed: " + ", ".join(TRANSITIONS)) from None
+
+    def cell(
+        self,
+        *,
+        label: int | None,
+        position: int,
+        prompt_blocks: int,
+        leading_seen: int,
+        count: int,
+        fanout: int,
+    ) -> int:
+        """The predictor cell of one block access (caller labels win over derived ones)."""
+        bt = label if label is not None else derive_block_type(position, position == prompt_blocks - 1, fanout)
+        tr = self.transition if self.transition is not None else derive_transition(leading_seen)
+        ctx = bt * len(TRANSITIONS) + tr
+        return cell_index(ctx, count_bucket(count), fanout_bucket(fanout), size_bucket(prompt_blocks, position))
+
+    # --------------------------------------------------------------- ranking
+    def priority(self, cell: int, t_last: float) -> float:
+        """Eviction priority: higher stays. LRU policy: recency only."""
+        if self.policy == "lru":
+            return t_last
+        return self.predictor.log_table[cell] + t_last / self.tau_s
+
+    def p_reuse(self, cell: int) -> float:
+        return float(self.predictor.table[cell])
+
+    # ------------------------------------------------------------------ gate
+    def gate(self, tokens: int, bytes_by_tier: Mapping[int, int], decode_s: float = 0.0) -> GateDecision | None:
+        """Fetch-vs-recompute for a prefix spread over tiers; None when the gate is off
+        (no prefill rate configured)."""
+        if self.prefill_tokens_per_s is None:
+            return None
+        total = sum(bytes_by_tier.values())
+        if total == 0 or tokens == 0:
+            return gate(0, 1.0, 1.0, 0.0, self.prefill_tokens_per_s)
+        latency = max(self.estimators[ti].latency_s for ti in bytes_by_tier)
+        seconds = sum(n / self.estimators[ti].bandwidth_Bps for ti, n in bytes_by_tier.items())
+        # one equivalent tier: same latency, bandwidth giving the summed transfer time
+        bw = total / seconds if seconds > 0 else math.inf
+        d = gate(tokens, total / tokens, bw, latency, self.prefill_tokens_per_s, decode_s=decode_s)
+        self.gate_decisions["fetch" if d.fetch else "recompute"] += 1
+        return d
+
+    # ------------------------------------------------------------- placement
+    def promotion_target(
+        self, cell: int, tokens: int, nbytes: int, current: int, healthy: Sequence[bool], hits: int = 2
+    ) -> int | None:
+        """The faster tier a block should move to, or None.
+
+        The value of a tier is :func:`~tierkv.scheduler.placement_value`; its
+        absolute level is dominated by the prefill it saves, which every tier
+        saves alike, so the decision compares the *difference*: promote when
+        the best tier's value beats the current one by more than
+        ``placement.abs_usd`` and the block has been hit at least twice (a
+        one-off hit never moves a block: hysteresis against flapping).
+        """
+        if not self.promote or self.policy == "lru" or current == 0 or hits < 2:
+            return None
+        p = self.p_reuse(cell)
+        rate = self.prefill_tokens_per_s or 10_000.0
+        values: dict[int, float] = {}
+        for ti in range(current + 1):
+            if not healthy[ti]:
+                continue
+            est = self.estimators[ti]
+            fetch_s = est.latency_s + nbytes / est.bandwidth_Bps
+            kind = self.kinds[ti] if self.kinds[ti] in self.placement.tier_usd_per_gb_hour else "pfs"
+            values[ti] = placement_value(p, tokens, nbytes, kind, fetch_s, rate, self.placement)
+        if current not in values:
+            return None
+        best = max(values, key=lambda t: values[t])
+        if best < current and values[best] - values[current] > self.placement.abs_usd:
+            return best
+        return None
+
+    def protected(self, fanout: int) -> bool:
+        return self.policy != "lru" and fanout >= self.placement.protect_fanout
