@@ -23,7 +23,7 @@ _SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "certify": ("tierkv_conformance._certify", "run the conformance suite on a backend and write a certificate"),
     "replay": ("tierkv.scheduler._replay", "replay a Mooncake-format trace against cache policies"),
     "codec-eval": ("tierkv.codecs._eval", "measure codec levels on real SmolLM2 KV"),
-    "stats": ("tierkv._statsview", "render the per-tier table of a running configuration"),
+    "stats": ("tierkv._statsview", "render the per-tier table of a configuration (persistent tiers warm-started)"),
 }
 
 
