@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,8 @@ import numpy as np
 import pytest
 
 pytest.importorskip("mooncake.store", reason="needs mooncake-transfer-engine-non-cuda and libibverbs1")
+
+from tierkv_conformance._reference import RawMeasurement, SupportsRawReference
 
 from tierkv._backend import Capabilities, TierKind
 from tierkv._errors import (
@@ -29,12 +32,43 @@ from tierkv_backends.rdma import HEADER_BYTES, RdmaBackend
 pytestmark = pytest.mark.anyio
 _HAS_IB_SYSFS = Path("/sys/class/infiniband").exists()
 
+# Opening a Mooncake client is cheap but closing one takes 1-2 s (its heartbeat
+# threads are joined), so one master and three clients serve the whole module,
+# once per event loop (module-scoped ``anyio_backend``); tests use distinct keys
+# and assert on counter deltas.
+
+
+@pytest.fixture(scope="module", params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
 
 @pytest.fixture(scope="module")
 def master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MasterProcess]:
-    m = MasterProcess(log_dir=tmp_path_factory.mktemp("mooncake"), lease_ttl_ms=2000)
+    m = MasterProcess(log_dir=tmp_path_factory.mktemp("mooncake"), lease_ttl_ms=500)
     with m:
         yield m
+
+
+@dataclass
+class Clients:
+    a: RdmaBackend  # namespace "shared-<loop>"
+    other: RdmaBackend  # same namespace: "another process" behind a's back
+    c: RdmaBackend  # namespace "model-b-<loop>", capacity 1 MiB, force_evict false, timeout 5 s
+    ns: str
+
+
+@pytest.fixture(scope="module")
+async def clients(master: MasterProcess, anyio_backend: str) -> AsyncIterator[Clients]:
+    ns = f"shared-{anyio_backend}"
+    async with (
+        await RdmaBackend.open(_opts(master, namespace=ns)) as a,
+        await RdmaBackend.open(_opts(master, namespace=ns)) as other,
+        await RdmaBackend.open(
+            _opts(master, namespace=f"model-b-{anyio_backend}", capacity="1MiB", force_evict=False, timeout=5.0)
+        ) as c,
+    ):
+        yield Clients(a, other, c, ns)
 
 
 def _opts(master: MasterProcess, **kw: Any) -> dict[str, Any]:
@@ -47,79 +81,79 @@ def _blob(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8)
 
 
-async def test_round_trip_contains_evict_and_stats(master: MasterProcess, anyio_backend: str) -> None:
-    ns = f"rt-{anyio_backend}"
-    async with await RdmaBackend.open(_opts(master, namespace=ns)) as b:
-        caps = b.capabilities
-        assert isinstance(caps, Capabilities) and caps.shared and caps.tier_kind is TierKind.RDMA
-        data = _blob(1 << 20, 1)
-        a = await b.allocate("k1", data.nbytes, tag=b"t" * 200)
-        assert b.stats().reserved_bytes == data.nbytes
-        with pytest.raises(BlockExistsError):
-            await b.allocate("k1", 10)
-        await b.write(a, data)
-        assert bytes(await b.read("k1")) == data.tobytes()
-        out = bytearray(data.nbytes + 100)
-        view = await b.read("k1", into=out)
-        assert len(view) == data.nbytes and bytes(view) == data.tobytes()
-        with pytest.raises(InputError):
-            await b.read("k1", into=bytearray(10))
-        assert await b.contains("k1") and not await b.contains("k2")
-        with pytest.raises(BlockNotFoundError):
-            await b.read("k2")
-        st = b.stats()
-        assert (st.blocks, st.used_bytes, st.reserved_bytes, st.writes, st.reads) == (1, data.nbytes, 0, 1, 2)
-        assert st.io_path == "mooncake tcp" and st.emulated and st.details["protocol"] == "tcp"
-        assert st.details["rdma_devices"] == [] and st.details["namespace"] == ns
-        # empty block, then eviction is idempotent
-        e = await b.allocate("empty", 0)
-        await b.write(e, b"")
-        assert bytes(await b.read("empty")) == b""
-        assert await b.evict("k1") is True
-        assert await b.evict("k1") is False
-        assert not await b.contains("k1")
-        with pytest.raises(InputError):
-            await b.allocate("bad key!", 1)
-        with pytest.raises(InputError):
-            await b.allocate("big", caps.max_block_bytes + 1)
-    with pytest.raises(Exception, match="closed"):
-        await b.read("empty")
-    assert b.stats().blocks == 1  # stats work after close
+async def test_round_trip_contains_evict_and_stats(clients: Clients) -> None:
+    b = clients.a
+    caps = b.capabilities
+    assert isinstance(caps, Capabilities) and caps.shared and caps.tier_kind is TierKind.RDMA
+    s0 = b.stats()
+    data = _blob(1 << 20, 1)
+    a = await b.allocate("rt1", data.nbytes, tag=b"t" * 200)
+    assert b.stats().reserved_bytes == s0.reserved_bytes + data.nbytes
+    with pytest.raises(BlockExistsError):
+        await b.allocate("rt1", 10)
+    await b.write(a, data)
+    assert bytes(await b.read("rt1")) == data.tobytes()
+    out = bytearray(data.nbytes + 100)
+    view = await b.read("rt1", into=out)
+    assert len(view) == data.nbytes and bytes(view) == data.tobytes()
+    with pytest.raises(InputError):
+        await b.read("rt1", into=bytearray(10))
+    assert await b.contains("rt1") and not await b.contains("rt2")
+    with pytest.raises(BlockNotFoundError):
+        await b.read("rt2")
+    st = b.stats()
+    assert (st.blocks - s0.blocks, st.used_bytes - s0.used_bytes, st.reserved_bytes) == (1, data.nbytes, 0)
+    assert (st.writes - s0.writes, st.reads - s0.reads) == (1, 2)
+    assert st.io_path == "mooncake tcp" and st.emulated and st.details["protocol"] == "tcp"
+    assert st.details["rdma_devices"] == [] and st.details["namespace"] == clients.ns
+    # the same block read by a client that did not write it (no size known: staged path)
+    assert bytes(await clients.other.read("rt1", into=bytearray(data.nbytes))) == data.tobytes()
+    # empty block, then eviction is idempotent
+    e = await b.allocate("rt-empty", 0)
+    await b.write(e, b"")
+    assert bytes(await b.read("rt-empty")) == b""
+    assert bytes(await b.read("rt-empty", into=bytearray(4))) == b""
+    assert await b.evict("rt1") is True
+    assert await b.evict("rt1") is False
+    assert not await b.contains("rt1")
+    assert await b.evict("rt-empty") is True
+    with pytest.raises(InputError):
+        await b.allocate("bad key!", 1)
+    with pytest.raises(InputError):
+        await b.allocate("big", caps.max_block_bytes + 1)
 
 
-async def test_batch_write_read_many(master: MasterProcess, anyio_backend: str) -> None:
-    async with await RdmaBackend.open(_opts(master, namespace="batch-" + anyio_backend)) as b:
-        sizes = [1, 4096, 1 << 20, 3 << 20, 777, 0, 6 << 20, 12345]
-        datas = [_blob(n, i) for i, n in enumerate(sizes)]
-        keys = [f"b{i}" for i in range(len(sizes))]
-        allocs = await b.allocate_many([(k, n, b"") for k, n in zip(keys, sizes, strict=True)])
-        await b.write_many(allocs, datas)  # 12+ MiB in one call: chunked by the 32 MiB arena
-        got = await b.read_many(keys)
-        assert [bytes(g) for g in got] == [d.tobytes() for d in datas]
-        outs = [np.empty(n, np.uint8) for n in sizes]
-        await b.read_many(keys, into=outs)
-        assert all(np.array_equal(o, d) for o, d in zip(outs, datas, strict=True))
-        assert b.stats().blocks == len(keys)
-        with pytest.raises(BlockNotFoundError):
-            await b.read_many([keys[0], "missing"])
-        assert await b.evict_many([*keys, "missing"]) == [True] * len(keys) + [False]
-        assert b.stats().used_bytes == 0 and b.stats().blocks == 0
+async def test_batch_write_read_many(clients: Clients) -> None:
+    b = clients.a
+    s0 = b.stats()
+    sizes = [1, 4096, 1 << 20, 3 << 20, 777, 0, 6 << 20, 12345]
+    datas = [_blob(n, i) for i, n in enumerate(sizes)]
+    keys = [f"b{i}" for i in range(len(sizes))]
+    allocs = await b.allocate_many([(k, n, b"") for k, n in zip(keys, sizes, strict=True)])
+    await b.write_many(allocs, datas)  # 12+ MiB in one call
+    got = await b.read_many(keys)
+    assert [bytes(g) for g in got] == [d.tobytes() for d in datas]
+    outs = [np.empty(n, np.uint8) for n in sizes]
+    await b.read_many(keys, into=outs)
+    assert all(np.array_equal(o, d) for o, d in zip(outs, datas, strict=True))
+    assert b.stats().blocks == s0.blocks + len(keys)
+    with pytest.raises(BlockNotFoundError):
+        await b.read_many([keys[0], "missing"])
+    assert await b.evict_many([*keys, "missing"]) == [True] * len(keys) + [False]
+    assert b.stats().used_bytes == s0.used_bytes and b.stats().blocks == s0.blocks
 
 
-async def test_namespaces_isolate_blocks(master: MasterProcess, anyio_backend: str) -> None:
-    async with (
-        await RdmaBackend.open(_opts(master, namespace="model-a-" + anyio_backend)) as a,
-        await RdmaBackend.open(_opts(master, namespace="model-b-" + anyio_backend)) as b,
-    ):
-        await a.write(await a.allocate("same", 4), b"AAAA")
-        assert not await b.contains("same")
-        with pytest.raises(BlockNotFoundError):
-            await b.read("same")
-        await b.write(await b.allocate("same", 4), b"BBBB")
-        assert bytes(await a.read("same")) == b"AAAA" and bytes(await b.read("same")) == b"BBBB"
-        await a.evict("same")
-        assert bytes(await b.read("same")) == b"BBBB"
-        await b.evict("same")
+async def test_namespaces_isolate_blocks(clients: Clients) -> None:
+    a, b = clients.a, clients.c
+    await a.write(await a.allocate("same", 4), b"AAAA")
+    assert not await b.contains("same")
+    with pytest.raises(BlockNotFoundError):
+        await b.read("same")
+    await b.write(await b.allocate("same", 4), b"BBBB")
+    assert bytes(await a.read("same")) == b"AAAA" and bytes(await b.read("same")) == b"BBBB"
+    await a.evict("same")
+    assert bytes(await b.read("same")) == b"BBBB"
+    assert await b.evict("same") is True  # under a read lease: retried until it expired (force_evict false)
 
 
 def test_error_code_translation() -> None:
@@ -135,76 +169,87 @@ def test_error_code_translation() -> None:
     assert all(c < 0 for c in ERROR_CODES)
 
 
-async def test_remote_eviction_is_a_counted_miss(master: MasterProcess, anyio_backend: str) -> None:
-    async with (
-        await RdmaBackend.open(_opts(master, namespace="shared-ev-" + anyio_backend)) as a,
-        await RdmaBackend.open(_opts(master, namespace="shared-ev-" + anyio_backend)) as other,
-    ):
-        await a.write(await a.allocate("k", 1000), _blob(1000, 3))
-        assert bytes(await other.read("k")) == _blob(1000, 3).tobytes()  # shared pool
-        assert await other.evict("k") is True  # someone else removes it behind a's back
-        with pytest.raises(BlockNotFoundError):
-            await a.read("k")
-        st = a.stats()
-        assert st.details["evicted_remotely"] == 1 and st.blocks == 0 and st.used_bytes == 0
-        # contains() notices a remote loss as well
-        await a.write(await a.allocate("k2", 10), b"0123456789")
-        await other.evict("k2")
-        assert not await a.contains("k2")
-        assert a.stats().details["evicted_remotely"] == 2
+async def test_remote_eviction_is_a_counted_miss(clients: Clients) -> None:
+    a, other = clients.a, clients.other
+    ev0 = a.stats().details["evicted_remotely"]
+    await a.write(await a.allocate("rem", 1000), _blob(1000, 3))
+    assert bytes(await other.read("rem")) == _blob(1000, 3).tobytes()  # shared pool
+    assert await other.evict("rem") is True  # someone else removes it behind a's back
+    with pytest.raises(BlockNotFoundError):
+        await a.read("rem")
+    with pytest.raises(BlockNotFoundError):
+        await a.read("rem", into=bytearray(1000))
+    st = a.stats()
+    assert st.details["evicted_remotely"] == ev0 + 1 and not await a.contains("rem")
+    # contains() notices a remote loss as well
+    await a.write(await a.allocate("rem2", 10), b"0123456789")
+    await other.evict("rem2")
+    assert not await a.contains("rem2")
+    assert a.stats().details["evicted_remotely"] == ev0 + 2
 
 
-async def test_corrupted_object_is_integrity_error_then_quarantined(master: MasterProcess, anyio_backend: str) -> None:
-    async with (
-        await RdmaBackend.open(_opts(master, namespace="integ-" + anyio_backend)) as a,
-        await RdmaBackend.open(_opts(master, namespace="integ-" + anyio_backend)) as other,
-    ):
-        data = _blob(4096, 4)
-        await a.write(await a.allocate("k", data.nbytes), data)
-        skey = f"tierkv/integ-{anyio_backend}/k"
-        store = other._store
+async def test_corrupted_or_replaced_object_is_never_served(clients: Clients) -> None:
+    a, other = clients.a, clients.other
+    f0 = a.stats().details["integrity_failures"]
+    data = _blob(4096, 4)
+    store = other._store
+    for into in (None, bytearray(4096)):  # staged path and direct (TCP, into) path
+        sfx = "d" if into is not None else "s"
+        await a.write(await a.allocate(f"k{sfx}", data.nbytes), data)
+        skey = f"tierkv/{clients.ns}/k{sfx}"
         assert store.remove(skey, True) == 0
         # an object of the right size whose header is not ours (zeros)
         assert store.put(skey, bytes(HEADER_BYTES + data.nbytes)) == 0
         with pytest.raises(IntegrityError):
-            await a.read("k")
+            await a.read(f"k{sfx}", into=into)
         with pytest.raises(BlockNotFoundError):  # quarantined: never served again
-            await a.read("k")
-        assert a.stats().details["integrity_failures"] == 1
+            await a.read(f"k{sfx}", into=into)
         # flipped payload byte under a valid header -> checksum mismatch
-        await a.write(await a.allocate("k3", data.nbytes), data)
-        obj = bytearray(store.get(f"tierkv/integ-{anyio_backend}/k3"))
+        await a.write(await a.allocate(f"k3{sfx}", data.nbytes), data)
+        k3 = f"tierkv/{clients.ns}/k3{sfx}"
+        obj = bytearray(store.get(k3))
         obj[-1] ^= 0xFF
-        store.remove(f"tierkv/integ-{anyio_backend}/k3", True)
-        assert store.put(f"tierkv/integ-{anyio_backend}/k3", bytes(obj)) == 0
+        store.remove(k3, True)
+        assert store.put(k3, bytes(obj)) == 0
         with pytest.raises(IntegrityError, match="checksum"):
-            await a.read("k3")
+            await a.read(f"k3{sfx}", into=into)
+        # replaced by another block's valid object of another size: header names another key
+        await a.write(await a.allocate(f"k4{sfx}", 100), bytes(100))
+        await a.write(await a.allocate(f"k5{sfx}", data.nbytes), data)
+        k4, k5 = f"tierkv/{clients.ns}/k4{sfx}", f"tierkv/{clients.ns}/k5{sfx}"
+        obj5 = bytes(store.get(k5))
+        store.remove(k4, True)
+        assert store.put(k4, obj5) == 0
+        with pytest.raises(IntegrityError, match="another key"):
+            await a.read(f"k4{sfx}", into=None if into is None else bytearray(data.nbytes))
+        await a.evict(f"k5{sfx}")
+    assert a.stats().details["integrity_failures"] == f0 + 6
 
 
-async def test_evict_under_read_lease(master: MasterProcess, anyio_backend: str) -> None:
-    async with await RdmaBackend.open(_opts(master, namespace="lease-" + anyio_backend)) as b:
-        await b.write(await b.allocate("k", 100), bytes(100))
-        await b.read("k")  # grants a 2 s read lease: a plain remove returns -706
-        assert await b.evict("k") is True
-        assert b.stats().details["lease_conflicts"] >= 1
-        assert not await b.contains("k")
-    async with await RdmaBackend.open(
-        _opts(master, namespace="lease2-" + anyio_backend, force_evict=False, timeout=5.0)
-    ) as b:
-        await b.write(await b.allocate("k", 100), bytes(100))
-        await b.read("k")
-        t0 = time.monotonic()
-        assert await b.evict("k") is True  # retried until the lease expired
-        assert time.monotonic() - t0 < 5.0
+async def test_evict_under_read_lease(clients: Clients) -> None:
+    b = clients.a
+    c0 = b.stats().details["lease_conflicts"]
+    await b.write(await b.allocate("lease", 100), bytes(100))
+    await b.read("lease")  # grants a 0.5 s read lease: a plain remove returns -706
+    assert await b.evict("lease") is True
+    assert b.stats().details["lease_conflicts"] >= c0 + 1
+    assert not await b.contains("lease")
+    c = clients.c  # force_evict=False, timeout 5 s
+    await c.write(await c.allocate("lease", 100), bytes(100))
+    await c.read("lease")
+    t0 = time.monotonic()
+    assert await c.evict("lease") is True  # retried until the lease expired
+    assert time.monotonic() - t0 < 5.0
 
 
-async def test_capacity_and_config_errors(master: MasterProcess, tmp_path: Path, anyio_backend: str) -> None:
-    async with await RdmaBackend.open(_opts(master, namespace="cap-" + anyio_backend, capacity="1MiB")) as b:
-        await b.allocate("a", 600_000)
-        with pytest.raises(CapacityError):
-            await b.allocate("b", 600_000)
-        assert await b.evict("a") is True
-        await b.allocate("b", 600_000)
+async def test_capacity_and_config_errors(clients: Clients, master: MasterProcess) -> None:
+    b = clients.c  # capacity 1 MiB
+    await b.allocate("cap-a", 600_000)
+    with pytest.raises(CapacityError):
+        await b.allocate("cap-b", 600_000)
+    assert await b.evict("cap-a") is True
+    await b.allocate("cap-b", 600_000)
+    assert await b.evict("cap-b") is True
     with pytest.raises(ConfigError, match="bogus"):
         RdmaBackend({"master": "x", "bogus": 1})
     with pytest.raises(ConfigError, match="namespace"):
@@ -216,24 +261,32 @@ async def test_capacity_and_config_errors(master: MasterProcess, tmp_path: Path,
     if not _HAS_IB_SYSFS:
         with pytest.raises(PluginUnavailableError, match="no RDMA device"):
             await RdmaBackend.open(_opts(master, protocol="rdma"))
-    with pytest.raises(BackendIOError):
+    t0 = time.monotonic()
+    with pytest.raises(BackendIOError, match="not reachable"):  # refused before setup() (which would hang ~90 s)
         await RdmaBackend.open({"master": "127.0.0.1:1", "timeout": 15.0, "global_segment_size": "16MiB"})
+    assert time.monotonic() - t0 < 15.0
 
 
-async def test_start_master_default_options_and_raw_reference(tmp_path: Path) -> None:
-    opts = RdmaBackend.default_options(tmp_path)
+async def test_start_master_default_options_and_raw_reference(tmp_path_factory: pytest.TempPathFactory) -> None:
+    opts = RdmaBackend.default_options(tmp_path_factory.mktemp("own-master"))
     assert opts["start_master"] is True
     b = await RdmaBackend.open(opts)
     try:
+        assert isinstance(b, SupportsRawReference)
         assert b.master_address.startswith("127.0.0.1:")
         await b.write(await b.allocate("k", 1 << 20), _blob(1 << 20, 9))
         for op in ("write", "read"):
-            assert await b.raw_reference(1 << 20, op, 3) > 0
+            m = await b.raw_reference(op, 1 << 20, 12, 2)
+            assert isinstance(m, RawMeasurement) and m.nbytes == 12 << 20 and m.gbps > 0
+            assert "batches of 8" in m.method
         with pytest.raises(InputError):
-            await b.raw_reference(1 << 20, "scan", 3)
+            await b.raw_reference("scan", 1 << 20, 3, 1)
         assert b.stats().blocks == 1  # raw objects are not accounted
     finally:
         await b.aclose()
+    with pytest.raises(Exception, match="closed"):
+        await b.read("k")
+    assert b.stats().blocks == 1  # stats work after close
     master = b.stats().details["master"]
     import socket
 

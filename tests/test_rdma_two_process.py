@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import anyio
 import numpy as np
 import pytest
 
@@ -63,6 +64,14 @@ def master(tmp_path: Path) -> Iterator[MasterProcess]:
         yield m
 
 
+@pytest.fixture(scope="module")
+def shared_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MasterProcess]:
+    """One master for the non-slow tests (the failure test kills its own)."""
+    m = MasterProcess(log_dir=tmp_path_factory.mktemp("mooncake"), lease_ttl_ms=1000, client_ttl_s=3)
+    with m:
+        yield m
+
+
 def _spawn_writer(master: MasterProcess, ns: str) -> tuple[subprocess.Popen[str], list[str]]:
     opts = {"master": master.address, "namespace": ns, "global_segment_size": "64MiB", "staging_bytes": "16MiB"}
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
@@ -97,7 +106,8 @@ def _b_opts(master: MasterProcess, ns: str) -> dict[str, object]:
     }
 
 
-async def test_block_written_by_a_is_read_bit_exact_by_b(master: MasterProcess, anyio_backend: str) -> None:
+async def test_block_written_by_a_is_read_bit_exact_by_b(shared_master: MasterProcess, anyio_backend: str) -> None:
+    master = shared_master
     ns = f"two-{anyio_backend}"
     proc, keys = _spawn_writer(master, ns)
     try:
@@ -109,9 +119,9 @@ async def test_block_written_by_a_is_read_bit_exact_by_b(master: MasterProcess, 
             got = await b.read_many(keys)
             assert [bytes(g) for g in got] == [_expected(i, n) for i, n in enumerate(sizes)]
             assert b.stats().blocks == 0  # B's accounting counts only what B wrote
-            # a different namespace does not see A's blocks
-            async with await RdmaBackend.open(_b_opts(master, ns + "-other")) as c:
-                assert not await c.contains(keys[0])
+            assert await b.tag_of(keys[0]) == b"from-A" and await b.tag_of("nope") is None
+        async with await RdmaBackend.open(_b_opts(master, ns + "-other")) as c:
+            assert not await c.contains(keys[0])
     finally:
         assert proc.stdin is not None
         proc.stdin.write("go\n")
@@ -180,3 +190,82 @@ async def test_peer_death_then_master_death_bounded_and_recovers(master: MasterP
         with pytest.raises(BlockNotFoundError):
             await b.read("mine")  # lost with the old master: a counted miss
         assert b.stats().details["evicted_remotely"] >= 1
+
+
+# ------------------------------------------------------------------ TierKV level
+_REPO = str(Path(__file__).resolve().parents[1])
+HF = json.loads((Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text())
+BT = 16
+
+_READER = textwrap.dedent(
+    """
+    import sys, json, hashlib, anyio
+    from tierkv import TierKV
+
+    async def main():
+        cfg, toks, other = json.loads(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])
+        kv = await TierKV.open(cfg)
+        try:
+            lk = await kv.lookup(toks)
+            lk_other = await kv.lookup(other)
+            g = await kv.get(toks)
+            res = {
+                "lookup_tokens": lk.tokens, "lookup_tiers": list(lk.tiers), "other_tokens": lk_other.tokens,
+                "get_tokens": g.tokens, "miss_reason": g.miss_reason,
+                "sha256": hashlib.sha256(g.kv.tobytes()).hexdigest() if g.kv is not None else "",
+            }
+            print("RESULT " + json.dumps(res), flush=True)
+        finally:
+            await kv.aclose()
+
+    anyio.run(main)
+    """
+)
+
+
+def _tierkv_config(master: MasterProcess, ns: str) -> dict[str, object]:
+    return {
+        "model": {"name": "smol", "revision": "two-process", "hf_config": HF},
+        "kv_dtype": "float16",
+        "block_tokens": BT,
+        "tiers": [
+            {
+                "name": "pool",
+                "backend": "rdma",
+                "master": master.address,
+                "namespace": ns,
+                "global_segment_size": "64MiB",
+                "staging_bytes": "16MiB",
+                "capacity": "32MiB",
+            }
+        ],
+    }
+
+
+async def test_tierkv_put_in_a_lookup_and_get_in_b(shared_master: MasterProcess, anyio_backend: str) -> None:
+    """Process A (this one) puts through TierKV; process B (a child) has an empty
+    index, finds the prefix on the shared tier (``SupportsTagLookup``) and gets
+    bit-identical KV."""
+    import hashlib
+
+    from tierkv import TierKV
+
+    cfg = _tierkv_config(shared_master, f"tkv-{anyio_backend}")
+    toks = list(range(5000, 5000 + 4 * BT + 5))
+    kv_data = np.random.default_rng(7).standard_normal((30, 2, len(toks), 3, 64)).astype(np.float16)
+    other = list(toks)
+    other[2 * BT + 3] = 1  # diverges in block 2: only blocks 0 and 1 are shared
+    async with await TierKV.open(cfg) as kv:
+        r = await kv.put(toks, kv_data)
+        assert (r.tokens, r.new_blocks, r.tiers) == (4 * BT, 4, ("pool",))
+        env = dict(os.environ, PYTHONPATH=_REPO)
+        args = [json.dumps(cfg), json.dumps(toks), json.dumps(other)]
+        proc = await anyio.run_process([sys.executable, "-c", _READER, *args], env=env, check=False)
+        out = proc.stdout.decode()
+        lines = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+        assert proc.returncode == 0 and lines, proc.stderr.decode()[-2000:]
+        res = json.loads(lines[0][7:])
+    want = hashlib.sha256(np.ascontiguousarray(kv_data[:, :, : 4 * BT]).tobytes()).hexdigest()
+    assert res["lookup_tokens"] == 4 * BT and res["lookup_tiers"] == ["pool"]
+    assert res["other_tokens"] == 2 * BT
+    assert (res["get_tokens"], res["miss_reason"], res["sha256"]) == (4 * BT, "", want)

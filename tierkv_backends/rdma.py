@@ -37,7 +37,7 @@ import contextlib
 import itertools
 import mmap
 import re
-import statistics
+import socket
 import struct
 import threading
 import time
@@ -47,7 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -80,6 +80,9 @@ from tierkv._options import opt_bool, opt_choice, opt_float, opt_int, opt_size, 
 
 from ._mooncake import MasterProcess, MasterStartError, code_name, translate
 
+if TYPE_CHECKING:
+    from tierkv_conformance._reference import RawMeasurement
+
 __all__ = ["HEADER_BYTES", "RdmaBackend"]
 
 T = TypeVar("T")
@@ -93,7 +96,7 @@ _ALGO_XXH3 = 1
 _ALGO_CRC32 = 2
 _ALGO_NAMES = {"xxh3": _ALGO_XXH3, "crc32": _ALGO_CRC32}
 _ALIGN = 64
-_NS_RE = re.compile(r"^[0-9A-Za-z._-]{1,128}$")
+_NS_RE = re.compile(r"[0-9A-Za-z._-]{1,128}")
 _NOT_FOUND = (-703, -704, -707, -710, -712)
 _INSTALL_HINT = "pip install 'tierkv[rdma]' (mooncake-transfer-engine-non-cuda; apt install libibverbs1)"
 
@@ -128,6 +131,26 @@ def _checksum(algo: int, region: memoryview) -> int:
 
         return int(xxhash.xxh3_64_intdigest(region))
     return zlib.crc32(region)
+
+
+def _checksum_parts(algo: int, parts: Sequence[memoryview | bytes]) -> int:
+    """The checksum of the concatenation of ``parts`` without concatenating them."""
+    if algo == _ALGO_XXH3:
+        import xxhash
+
+        h = xxhash.xxh3_64()
+        for p in parts:
+            h.update(p)
+        return int(h.intdigest())
+    crc = 0
+    for p in parts:
+        crc = zlib.crc32(p, crc)
+    return crc
+
+
+def _address(mv: memoryview) -> int:
+    """Address of a contiguous byte view (read-only views too)."""
+    return int(np.frombuffer(mv, dtype=np.uint8).ctypes.data) if len(mv) else 0
 
 
 def _xxhash_available() -> bool:
@@ -204,6 +227,28 @@ class _Staging:
             self._map.close()
 
 
+#: Masters started by ``start_master`` in this process: identity -> (master, users).
+_MASTERS: dict[tuple[str, str, int], tuple[MasterProcess, int]] = {}
+_MASTERS_LOCK = threading.Lock()
+
+
+def _release_master(master: MasterProcess) -> None:
+    """Drop one user of a shared private master; the last one stops it."""
+    with _MASTERS_LOCK:
+        for ident, (m, users) in list(_MASTERS.items()):
+            if m is master:
+                if users > 1:
+                    _MASTERS[ident] = (m, users - 1)
+                    return
+                del _MASTERS[ident]
+                break
+    master.stop()
+
+
+class _Skipped(RuntimeError):
+    """A worker call skipped because its caller was cancelled or timed out first."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Got:
     """Outcome of reading one object in a worker thread."""
@@ -234,7 +279,9 @@ class RdmaBackend(Backend):
     Options (all optional with ``start_master``):
         master: ``"host:port"`` of ``mooncake_master``.
         start_master: start a private master on 127.0.0.1 (free ports) for the
-            backend's lifetime (``tierkv certify rdma`` uses this).
+            backend's lifetime (``tierkv certify rdma`` uses this); backends of
+            one process opened with the same ``master_log_dir`` share it (one
+            pool), and the last one closed stops it.
         master_log_dir: where that master's log goes (kept if it fails).
         metadata: ``"p2p"`` (Mooncake's P2PHANDSHAKE, default) or ``"http"``.
         metadata_server: HTTP metadata URL (``metadata="http"`` without
@@ -276,7 +323,7 @@ class RdmaBackend(Backend):
         self._protocol_opt = opt_choice(o, "protocol", ("auto", "rdma", "tcp"), "auto")
         self._devices_opt = opt_str(o, "devices", "auto")
         self._namespace = opt_str(o, "namespace", "default")
-        if not _NS_RE.match(self._namespace):
+        if not _NS_RE.fullmatch(self._namespace):
             raise ConfigError("namespace", self._namespace, "1-128 characters from [0-9A-Za-z._-]")
         self._max_conc = opt_int(o, "max_concurrency", 4, minimum=1, maximum=256)
         self._timeout = opt_float(o, "timeout", 30.0, minimum=0.1, maximum=3600.0)
@@ -293,6 +340,7 @@ class RdmaBackend(Backend):
         self._staging: _Staging | None = None
         self._master: MasterProcess | None = None
         self._protocol = "tcp"
+        self._direct = False  # TCP: payloads move straight from/to the caller's buffers
         self._devices: list[str] = []
         self._discovery: dict[str, Any] = {}
         self._pending: dict[str, Allocation] = {}
@@ -390,16 +438,15 @@ class RdmaBackend(Backend):
             )
         try:
             if self._start_master:
-                self._master = MasterProcess(
-                    log_dir=self._master_log_dir, http_metadata=self._metadata == "http", lease_ttl_ms=self._lease_ttl
-                )
-                try:
-                    await anyio.to_thread.run_sync(self._master.start)
-                except MasterStartError as exc:
-                    raise BackendIOError(f"could not start mooncake_master: {exc}", tier=self.name) from exc
+                self._master = await anyio.to_thread.run_sync(self._acquire_master)
                 self._master_addr = self._master.address
                 if self._metadata == "http":
                     self._metadata_server = self._master.metadata_url
+            else:
+                # setup() holds the GIL and retries an unreachable master for ~90 s, ignoring
+                # our deadline: refuse a master that does not even accept a connection first.
+                await self._run(self._probe_master, what="connect to the master")
+            self._direct = self._protocol == "tcp"
             store = MooncakeDistributedStore()
             meta = "P2PHANDSHAKE" if self._metadata == "p2p" else self._metadata_server
             args = (
@@ -442,7 +489,7 @@ class RdmaBackend(Backend):
             if staging is not None:
                 staging.close()
             if master is not None:
-                master.stop()
+                _release_master(master)
 
         with anyio.move_on_after(self._timeout + 10):
             await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
@@ -455,20 +502,79 @@ class RdmaBackend(Backend):
             await self._teardown()
 
     # -------------------------------------------------------------------- helpers
+    def _acquire_master(self) -> MasterProcess:
+        """Start the private master, or share the one this process already runs for
+        the same ``master_log_dir`` and settings (so that two backends opened with
+        the same ``start_master`` options see one pool). Raises BackendIOError."""
+        ident = (str(self._master_log_dir.resolve()), self._metadata, self._lease_ttl)
+        with _MASTERS_LOCK:
+            held = _MASTERS.get(ident)
+            if held is not None and held[0].alive():
+                _MASTERS[ident] = (held[0], held[1] + 1)
+                return held[0]
+            m = MasterProcess(
+                log_dir=self._master_log_dir, http_metadata=self._metadata == "http", lease_ttl_ms=self._lease_ttl
+            )
+            try:
+                m.start()
+            except MasterStartError as exc:
+                raise BackendIOError(f"could not start mooncake_master: {exc}", tier=self.name) from exc
+            _MASTERS[ident] = (m, 1)
+            return m
+
+    def _probe_master(self) -> None:
+        host, _, port = self._master_addr.rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=min(self._timeout, 5.0)):
+                pass
+        except (OSError, ValueError) as exc:
+            raise BackendIOError(
+                f"mooncake master {self._master_addr} is not reachable: {exc}", tier=self.name
+            ) from exc
+
     def _skey(self, key: str) -> str:
         return f"tierkv/{self._namespace}/{key}"
 
     async def _run(self, fn: Callable[[], T], *, what: str) -> T:
-        """Run ``fn`` in a worker thread, bounded by ``timeout`` (-> BackendIOError)."""
+        """Run ``fn`` in a worker thread, bounded by ``timeout`` (-> BackendIOError).
+
+        Cancelled by the caller: a call not yet started never starts; a call
+        already running is waited for (shielded, at most ``timeout``) so that no
+        put or remove lands after the cancelled operation returned.
+        """
+        lock = threading.Lock()
+        state = {"started": False, "skip": False}
+        done = threading.Event()
+
+        def call() -> T:
+            with lock:
+                if state["skip"]:
+                    raise _Skipped(what)
+                state["started"] = True
+            try:
+                return fn()
+            finally:
+                done.set()
+
         try:
             with anyio.fail_after(self._timeout):
-                return await anyio.to_thread.run_sync(fn, limiter=self._limiter, abandon_on_cancel=True)
+                return await anyio.to_thread.run_sync(call, limiter=self._limiter, abandon_on_cancel=True)
         except TimeoutError as exc:
+            with lock:
+                state["skip"] = True
             self._c["timeouts"] += 1
             raise BackendIOError(
                 f"mooncake {what} did not finish within {self._timeout:g}s (master or peer unresponsive)",
                 tier=self.name,
             ) from exc
+        except anyio.get_cancelled_exc_class():
+            with lock:
+                state["skip"] = True
+                started = state["started"]
+            if started:
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self._timeout):
+                    await anyio.to_thread.run_sync(done.wait, self._timeout, abandon_on_cancel=True)
+            raise
 
     def _lost(self, key: str) -> None:
         """A block this client committed is gone from the pool (not by our evict)."""
@@ -511,28 +617,51 @@ class RdmaBackend(Backend):
     def _put_work(
         self, items: list[tuple[str, bytes, memoryview]], deadline: float, abandoned: threading.Event
     ) -> list[int]:
-        """Worker thread: stage header+tag+payload, checksum, batch_put_from."""
+        """Worker thread: header (+tag) and checksum, then one put per chunk.
+
+        Over TCP the payload goes straight from the caller's buffer
+        (``batch_put_from_multi_buffers``: header+tag from the registered arena,
+        payload in place; the checksum is computed over the caller's bytes, no
+        copy). Over RDMA the whole object is staged in the registered arena
+        (the NIC can only read registered memory) and put with ``batch_put_from``.
+        """
         staging, store = self._staging, self._store
         if staging is None or store is None:
             return [-1] * len(items)
-        sizes = [HEADER_BYTES + len(tag) + len(mv) for _, tag, mv in items]
+        direct = self._direct
+        heads = [HEADER_BYTES + len(tag) for _, tag, _ in items]
+        sizes = [h + len(mv) for h, (_, _, mv) in zip(heads, items, strict=True)]
+        staged = heads if direct else sizes
         codes: list[int] = []
-        for chunk in _chunks(sizes, staging.size // 2):
-            csizes = [sizes[i] for i in chunk]
+        for chunk in _chunks(staged, staging.size // 2):
+            csizes = [staged[i] for i in chunk]
             offs = staging.alloc_many(csizes, deadline)
             try:
-                keys = []
+                keys: list[str] = []
+                view = staging.view
                 for off, i in zip(offs, chunk, strict=True):
                     skey, tag, mv = items[i]
-                    view = staging.view
                     t0 = off + HEADER_BYTES
                     view[t0 : t0 + len(tag)] = tag
-                    view[t0 + len(tag) : t0 + len(tag) + len(mv)] = mv
-                    ck = _checksum(self._algo, view[t0 : t0 + len(tag) + len(mv)])
+                    if direct:
+                        ck = _checksum_parts(self._algo, (tag, mv))
+                    else:
+                        view[t0 + len(tag) : t0 + len(tag) + len(mv)] = mv
+                        ck = _checksum(self._algo, view[t0 : t0 + len(tag) + len(mv)])
                     key_crc = zlib.crc32(skey.encode())
                     _HEADER.pack_into(view, off, _MAGIC, _VERSION, self._algo, len(tag), key_crc, len(mv), ck)
                     keys.append(skey)
-                res = [int(c) for c in store.batch_put_from(keys, [staging.ptr + o for o in offs], csizes)]
+                if direct:
+                    ptrs: list[list[int]] = []
+                    lens: list[list[int]] = []
+                    for off, i in zip(offs, chunk, strict=True):
+                        mv = items[i][2]
+                        ptrs.append([staging.ptr + off] + ([_address(mv)] if len(mv) else []))
+                        lens.append([heads[i]] + ([len(mv)] if len(mv) else []))
+                    raw = store.batch_put_from_multi_buffers(keys, ptrs, lens)
+                else:
+                    raw = store.batch_put_from(keys, [staging.ptr + o for o in offs], csizes)
+                res = [int(c) for c in raw]
                 if abandoned.is_set():
                     for k, c in zip(keys, res, strict=True):
                         if c == 0:
@@ -620,9 +749,16 @@ class RdmaBackend(Backend):
         with anyio.move_on_after(self._timeout):
             await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
 
-    def _verify(self, skey: str, region: memoryview, got: int) -> tuple[str, int, int]:
-        """(problem, tag length, nbytes) for an object of ``got`` bytes staged in ``region``."""
-        if got < HEADER_BYTES:
+    def _verify(
+        self, skey: str, region: memoryview, got: int, payload: memoryview | None = None
+    ) -> tuple[str, int, int]:
+        """(problem, tag length, nbytes) for an object of ``got`` bytes.
+
+        ``region`` holds the whole object, or only header+tag when the payload
+        was scattered into ``payload`` (then ``region`` must be exactly
+        header+tag long: a header announcing another tag length is a problem).
+        """
+        if got < HEADER_BYTES or len(region) < HEADER_BYTES:
             return f"object of {got} bytes is shorter than the header", 0, 0
         magic, version, algo, tlen, key_crc, nbytes, ck = _HEADER.unpack_from(region, 0)
         if magic != _MAGIC or version != _VERSION or algo not in (_ALGO_XXH3, _ALGO_CRC32):
@@ -633,19 +769,96 @@ class RdmaBackend(Backend):
             return f"length mismatch: header says {HEADER_BYTES + tlen + nbytes} bytes, object has {got}", 0, 0
         if algo == _ALGO_XXH3 and not _xxhash_available():
             return "object checksummed with xxh3 but xxhash is not installed", 0, 0
-        if _checksum(algo, region[HEADER_BYTES:got]) != ck:
+        if payload is None:
+            actual = _checksum(algo, region[HEADER_BYTES:got])
+        else:
+            if HEADER_BYTES + tlen != len(region) or len(payload) != nbytes:
+                return "layout mismatch", 0, 0
+            actual = _checksum_parts(algo, (region[HEADER_BYTES:], payload))
+        if actual != ck:
             return "checksum mismatch", 0, 0
         return "", tlen, nbytes
 
-    def _get_work(self, items: list[tuple[str, int, memoryview | None]], deadline: float) -> list[_Got]:
-        """Worker thread: size, stage, batch_get_into, verify, copy out."""
+    def _get_direct(
+        self, items: list[tuple[str, int, memoryview | None, int]], idx: list[int], deadline: float
+    ) -> tuple[dict[int, _Got], list[int], list[str]]:
+        """TCP fast path: header+tag into the arena, payload straight into ``into``
+        (``batch_get_into_multi_buffers``), verified in place. Returns the
+        outcomes, the items to redo through the staging path (size or layout
+        changed) and the keys to quarantine."""
+        staging, store = self._staging, self._store
+        assert staging is not None and store is not None
+        out: dict[int, _Got] = {}
+        redo: list[int] = []
+        quarantine: list[str] = []
+        heads = [items[i][3] for i in idx]
+        offs = staging.alloc_many(heads, deadline)
+        try:
+            ptrs: list[list[int]] = []
+            lens: list[list[int]] = []
+            for i, off, h in zip(idx, offs, heads, strict=True):
+                _, size, into, _ = items[i]
+                assert into is not None
+                n = size - h
+                ptrs.append([staging.ptr + off] + ([_address(into[:n])] if n else []))
+                lens.append([h] + ([n] if n else []))
+            res = [int(r) for r in store.batch_get_into_multi_buffers([items[i][0] for i in idx], ptrs, lens)]
+            for i, off, h, r in zip(idx, offs, heads, res, strict=True):
+                skey, size, into, _ = items[i]
+                assert into is not None
+                if r in _NOT_FOUND:
+                    out[i] = _Got(code=r)
+                    continue
+                if r != size:  # another size than we wrote (replaced) or a transfer error: redo staged
+                    redo.append(i)
+                    continue
+                payload = into[: size - h]
+                problem, _, nbytes = self._verify(skey, staging.view[off : off + h], r, payload)
+                if problem == "layout mismatch":
+                    redo.append(i)
+                elif problem:
+                    quarantine.append(skey)
+                    out[i] = _Got(integrity=problem)
+                else:
+                    out[i] = _Got(data=into[:nbytes])
+        finally:
+            staging.free_many(offs, heads)
+        return out, redo, quarantine
+
+    def _get_work(self, items: list[tuple[str, int, memoryview | None, int]], deadline: float) -> list[_Got]:
+        """Worker thread: one batch get per chunk, verify, hand out.
+
+        Over TCP, blocks whose size this client knows (it wrote them) and that
+        have an ``into`` go through :meth:`_get_direct` (no staging copy);
+        everything else is sized (``get_size``), read into the registered arena
+        with ``batch_get_into``, verified and copied out.
+        """
         staging, store = self._staging, self._store
         if staging is None or store is None:
             return [_Got(code=-1)] * len(items)
         out: list[_Got | None] = [None] * len(items)
+        quarantine: list[str] = []
+        rest = list(range(len(items)))
+        if self._direct:
+            fast = [
+                i
+                for i, (_, size, into, head) in enumerate(items)
+                if head > 0 and into is not None and len(into) >= size - head
+            ]
+            if fast:
+                got, redo, bad = self._get_direct(items, fast, deadline)
+                for i, g in got.items():
+                    out[i] = g
+                quarantine += bad
+                fastset = set(fast) - set(redo)
+                rest = [i for i in rest if i not in fastset]
+                for i in redo:
+                    skey, _, into, _ = items[i]
+                    items[i] = (skey, 0, into, 0)
         sizes: list[int] = []
         todo: list[int] = []
-        for i, (skey, size, _) in enumerate(items):
+        for i in rest:
+            skey, size, _, _ = items[i]
             if size <= 0:
                 size = int(store.get_size(skey))
                 if size < 0:
@@ -656,7 +869,6 @@ class RdmaBackend(Backend):
                     continue
             todo.append(i)
             sizes.append(size)
-        quarantine: list[str] = []
         for chunk in _chunks(sizes, staging.size // 2):
             idx = [todo[j] for j in chunk]
             csizes = [sizes[j] for j in chunk]
@@ -665,11 +877,11 @@ class RdmaBackend(Backend):
                 keys = [items[i][0] for i in idx]
                 res = [int(r) for r in store.batch_get_into(keys, [staging.ptr + o for o in offs], csizes)]
                 for i, off, n, r in zip(idx, offs, csizes, res, strict=True):
-                    skey, _, into = items[i]
+                    skey, _, into, _ = items[i]
                     if r == -600:  # the stored object is larger than expected: re-read with its real size
                         real = int(store.get_size(skey))
                         if 0 < real <= staging.size // 2 and real != n:
-                            out[i] = self._get_work([(skey, real, into)], deadline)[0]
+                            out[i] = self._get_work([(skey, real, into, 0)], deadline)[0]
                             continue
                     if r < 0:
                         out[i] = _Got(code=r)
@@ -706,7 +918,7 @@ class RdmaBackend(Backend):
         self._check_open()
         if into is not None and len(into) != len(keys):
             raise InputError(f"read_many: {len(keys)} keys but {len(into)} buffers")
-        items: list[tuple[str, int, memoryview | None]] = []
+        items: list[tuple[str, int, memoryview | None, int]] = []
         for i, k in enumerate(keys):
             validate_key(k, tier=self.name)
             dst = None if into is None else as_byte_view(into[i], writable=True, what="into")
@@ -714,7 +926,7 @@ class RdmaBackend(Backend):
             size = HEADER_BYTES + entry[1] + entry[0] if entry else 0
             if entry and dst is not None and len(dst) < entry[0]:
                 raise InputError(f"[{self.name}] into holds {len(dst)} bytes, block {k!r} has {entry[0]}")
-            items.append((self._skey(k), size, dst))
+            items.append((self._skey(k), size, dst, HEADER_BYTES + entry[1] if entry else 0))
         deadline = time.monotonic() + self._timeout
         got = await self._run(partial(self._get_work, items, deadline), what="batch_get_into")
         first: BaseException | None = None
@@ -820,6 +1032,51 @@ class RdmaBackend(Backend):
             return False
         raise translate(code if code < -1 else -900, op="is_exist", key=key, tier=self.name)
 
+    async def tag_of(self, key: str) -> bytes | None:
+        """The tag stored with ``key`` by whichever process wrote it
+        (:class:`tierkv.SupportsTagLookup`), or None when the pool has no such
+        block or its object fails verification (header, key binding, length,
+        checksum: the whole object is read and checked, and a bad one is
+        quarantined). Raises BackendIOError (master or peer failed, timeout)."""
+        self._check_open()
+        validate_key(key, tier=self.name)
+        skey = self._skey(key)
+        deadline = time.monotonic() + self._timeout
+
+        def work() -> tuple[int, bytes | None]:
+            staging, store = self._staging, self._store
+            if staging is None or store is None:
+                return -1, None
+            size = int(store.get_size(skey))
+            if size < 0:
+                return size, None
+            if size > staging.size // 2:
+                return 0, None
+            [off] = staging.alloc_many([size], deadline)
+            try:
+                [r] = [int(c) for c in store.batch_get_into([skey], [staging.ptr + off], [size])]
+                if r < 0:
+                    return r, None
+                region = staging.view[off : off + r]
+                problem, tlen, _ = self._verify(skey, region, r)
+                if problem:
+                    with contextlib.suppress(Exception):
+                        store.remove(skey, True)
+                    return 0, None
+                return 0, bytes(region[HEADER_BYTES : HEADER_BYTES + tlen])
+            finally:
+                staging.free_many([off], [size])
+
+        code, tag = await self._run(work, what="tag_of")
+        if code in _NOT_FOUND:
+            self._lost(key)
+            return None
+        if code < 0:
+            raise translate(code, op="get", key=key, tier=self.name)
+        if tag is None:
+            self._c["integrity_failures"] += 1
+        return tag
+
     def stats(self) -> BackendStats:
         details: dict[str, Any] = dict(self._c)
         details.update(
@@ -856,58 +1113,97 @@ class RdmaBackend(Backend):
         )
 
     # ------------------------------------------------------------ raw reference
-    async def raw_reference(self, block_bytes: int, op: str, repetitions: int) -> float:
-        """GB/s of the raw Mooncake client on this backend's own connection.
+    async def raw_reference(self, op: str, block_bytes: int, count: int, concurrency: int) -> RawMeasurement:
+        """The raw Mooncake client on this backend's own connection
+        (:class:`tierkv_conformance.SupportsRawReference`).
 
-        ``op`` is ``"write"`` (``batch_put_from`` of one ``block_bytes`` object
-        per call) or ``"read"`` (``batch_get_into`` of one object per call), from
-        and into this backend's registered staging arena, ``repetitions`` calls
-        on distinct objects (reads: the objects are put first, untimed);
-        returns the median of the per-call throughputs (1 GB = 1e9 bytes). No
-        header, no checksum, no copies: the envelope's denominator. Keys live
-        under ``tierkv/<namespace>/__raw__`` and are removed afterwards.
-        Raises InputError (bad arguments), BackendIOError (a call failed).
+        Moves ``count`` objects of ``block_bytes`` the way the envelope drives
+        the backend: batches of ``batch_blocks(block_bytes, count)`` objects
+        (one ``batch_put_from`` / ``batch_get_into`` per batch, one batch per
+        thread hop) over ``concurrency`` worker threads, from and into this
+        backend's registered arena. No header, no checksum, no copy, no
+        bookkeeping: the envelope's denominator. Reads put their objects first
+        (untimed) and read each once. Keys live under
+        ``tierkv/<namespace>/__raw__`` and are removed afterwards.
+
+        Raises InputError (bad arguments), BackendIOError (a call failed or
+        the arena could not hold the buffers).
         """
+        from tierkv_conformance._envelope import batch_blocks
+        from tierkv_conformance._reference import RawMeasurement
+
         self._check_open()
         if op not in ("write", "read"):
             raise InputError(f"raw_reference: op must be 'write' or 'read', got {op!r}")
-        if not 0 < block_bytes <= self._max_block or repetitions < 1:
-            raise InputError(f"raw_reference: need 0 < block_bytes <= {self._max_block} and repetitions >= 1")
+        if not 0 < block_bytes <= self._max_block or count < 1 or concurrency < 1:
+            raise InputError(
+                f"raw_reference: need 0 < block_bytes <= {self._max_block}, count >= 1 and concurrency >= 1"
+            )
         staging, store = self._staging, self._store
         assert staging is not None
+        per = batch_blocks(block_bytes, count)
+        threads = max(1, min(concurrency, -(-count // per), (staging.size // 2) // (per * block_bytes)))
+        if threads * per * block_bytes > staging.size // 2 and per > 1:
+            raise InputError(f"raw_reference: a batch of {per} x {block_bytes} B does not fit the staging arena")
         base = f"tierkv/{self._namespace}/__raw__{next(self._handles)}"
+        keys = [f"{base}.{i}" for i in range(count)]
+        batches = [keys[i : i + per] for i in range(0, count, per)]
         deadline = time.monotonic() + self._timeout
+        failed: list[int] = []
 
-        def work() -> list[float]:
-            offs = staging.alloc_many([block_bytes, block_bytes], deadline)
-            src, dst = staging.ptr + offs[0], staging.ptr + offs[1]
-            staging.array[offs[0] : offs[0] + block_bytes] = np.random.default_rng(7).integers(
-                0, 256, block_bytes, dtype=np.uint8
-            )
-            keys = [f"{base}.{i}" for i in range(repetitions)]
-            rates: list[float] = []
-            try:
-                if op == "read":  # distinct objects, each read once (no cache-hot re-reads)
-                    rc = store.batch_put_from(keys, [src] * repetitions, [block_bytes] * repetitions)
-                    if any(int(c) != 0 for c in rc):
-                        raise BackendIOError(f"raw put failed: {code_name(min(int(c) for c in rc))}", tier=self.name)
-                for i in range(repetitions):
-                    t0 = time.perf_counter()
+        def work() -> float:
+            sizes = [per * block_bytes] * threads
+            offs = staging.alloc_many(sizes, deadline)
+            for off in offs:
+                staging.array[off : off + per * block_bytes] = 0x5A
+            todo = iter(batches)
+            lock = threading.Lock()
+
+            def worker(off: int) -> None:
+                ptrs = [staging.ptr + off + j * block_bytes for j in range(per)]
+                while True:
+                    with lock:
+                        part = next(todo, None)
+                    if part is None:
+                        return
+                    n = len(part)
                     if op == "write":
-                        rc = store.batch_put_from([keys[i]], [src], [block_bytes])
-                        ok = rc[0] == 0
+                        rc = store.batch_put_from(part, [ptrs[0]] * n, [block_bytes] * n)
+                        bad = [int(c) for c in rc if int(c) != 0]
                     else:
-                        rc = store.batch_get_into([keys[i]], [dst], [block_bytes])
-                        ok = rc[0] == block_bytes
-                    dt = time.perf_counter() - t0
-                    if not ok:
-                        raise BackendIOError(f"raw {op} failed: {code_name(int(rc[0]))}", tier=self.name)
-                    rates.append(block_bytes / dt / 1e9)
+                        rc = store.batch_get_into(part, ptrs[:n], [block_bytes] * n)
+                        bad = [int(c) if int(c) < 0 else -600 for c in rc if int(c) != block_bytes]
+                    if bad:
+                        failed.append(bad[0])
+                        return
+
+            try:
+                if op == "read":
+                    for part in batches:
+                        rc = store.batch_put_from(part, [staging.ptr + offs[0]] * len(part), [block_bytes] * len(part))
+                        if any(int(c) != 0 for c in rc):
+                            failed.append(min(int(c) for c in rc))
+                            return 0.0
+                pool = [threading.Thread(target=worker, args=(off,)) for off in offs]
+                t0 = time.perf_counter()
+                for t in pool:
+                    t.start()
+                for t in pool:
+                    t.join()
+                return time.perf_counter() - t0
             finally:
                 with contextlib.suppress(Exception):
                     store.batch_remove(keys, True)
-                staging.free_many(offs, [block_bytes, block_bytes])
-            return rates
+                staging.free_many(offs, sizes)
 
-        rates = await self._run(work, what="raw_reference")
-        return statistics.median(rates)
+        try:
+            seconds = await self._run(work, what="raw_reference")
+        except TimeoutError as exc:  # the arena stayed busy past the deadline
+            raise BackendIOError(f"raw_reference: {exc}", tier=self.name) from exc
+        if failed:
+            raise BackendIOError(f"raw {op} failed: {code_name(failed[0])}", tier=self.name)
+        method = (
+            f"mooncake {'batch_put_from' if op == 'write' else 'batch_get_into'} ({self._protocol}), "
+            f"batches of {per}, {threads} thread{'s' if threads > 1 else ''}, registered buffers"
+        )
+        return RawMeasurement(block_bytes * count, seconds, method)
