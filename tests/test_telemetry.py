@@ -511,6 +511,7 @@ def test_cost_model_defaults_and_overrides() -> None:
     tel.tokens_saved = 1_000_000
     assert tel.dollars_per_million_saved([]) == pytest.approx(tel.prefill_cost)
     assert set(MISS_REASONS) == {
+        "overloaded",
         "never_stored",
         "evicted_local",
         "evicted_remote",

@@ -58,14 +58,14 @@ def lower_tier(loads: Sequence[TierLoad], index: int) -> int | None:
 def select_victims(
     lru_order: Iterable[str], sizes: Mapping[str, int], need: int, pinned: Iterable[str] = ()
 ) -> list[str]:
-    """Least recently used first, skipping pinned keys, until ``need`` bytes are covered."""
+    """In ``lru_order``, skipping pinned keys and keys without a size, until ``need`` bytes are covered."""
     blocked = set(pinned)
     out: list[str] = []
     freed = 0
     for key in lru_order:
         if freed >= need:
             break
-        if key in blocked:
+        if key in blocked or key not in sizes:
             continue
         out.append(key)
         freed += sizes[key]

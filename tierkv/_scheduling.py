@@ -18,6 +18,8 @@ field                      default      meaning
 ``promote``                true         promote hits from lower tiers when their value wins
 ``max_transfers_per_tier`` 4            concurrent promotions/demotions/prefetches per tier
 ``max_concurrent_fetches`` 64           admission control: concurrent ``get`` reads
+``fetch_wait_s``           none         longest wait for an admission slot; past it ``get``
+                                        answers a miss (``overloaded``) at once
 ``queue``                  1024         pending background jobs (excess jobs are dropped, counted)
 ``predictor``              {}           :class:`~tierkv.scheduler.PredictorConfig` fields
 ``breaker``                {}           failure_threshold, cooldown_s, probe_successes
@@ -75,6 +77,7 @@ _KNOWN = frozenset(
         "promote",
         "max_transfers_per_tier",
         "max_concurrent_fetches",
+        "fetch_wait_s",
         "queue",
         "predictor",
         "breaker",
@@ -126,6 +129,10 @@ class SchedulerState:
         self.max_transfers = opt_int(options, "max_transfers_per_tier", 4, prefix="scheduler", minimum=1)
         self.max_fetches = opt_int(options, "max_concurrent_fetches", 64, prefix="scheduler", minimum=1)
         self.queue_size = opt_int(options, "queue", 1024, prefix="scheduler", minimum=1)
+        wait = options.get("fetch_wait_s")
+        self.fetch_wait_s: float | None = (
+            None if wait is None else opt_float(options, "fetch_wait_s", prefix="scheduler", minimum=0.0)
+        )
         pred = _table(options, "predictor")
         try:
             self.predictor = ReusePredictor(PredictorConfig(**pred))

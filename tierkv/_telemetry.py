@@ -23,7 +23,7 @@ Spans (names and attributes are stable):
 Metric instruments: see :class:`Telemetry` (names start with ``tierkv.``).
 Miss reasons: ``never_stored``, ``evicted_local``, ``evicted_remote``,
 ``gated``, ``tier_unhealthy``, ``integrity``, ``different_scope``,
-``tier_error``.
+``tier_error``, ``overloaded``.
 
 Cost accounting uses per-tier $/GB/h (``telemetry.cost_per_gb_hour``; defaults
 in :data:`DEFAULT_COST_PER_GB_HOUR`) and a prefill cost
@@ -61,6 +61,7 @@ MISS_REASONS = (
     "integrity",
     "different_scope",
     "tier_error",
+    "overloaded",
 )
 
 _NOOP = contextlib.nullcontext(None)

@@ -113,7 +113,8 @@ class GetResult:
     otherwise the caller's ``out`` (filled) or a new numpy array in the layout
     of :mod:`tierkv._layout`. ``miss_reason`` (empty on a full hit) is one of
     ``never_stored``, ``evicted_local``, ``evicted_remote``, ``gated``,
-    ``tier_unhealthy``, ``tier_error``, ``integrity``, ``different_scope``;
+    ``tier_unhealthy``, ``tier_error``, ``integrity``, ``different_scope``,
+    ``overloaded`` (admission control);
     a gated miss carries both estimates (``fetch_s``, ``recompute_s``)."""
 
     tokens: int
@@ -225,6 +226,7 @@ class _Entry:
 
 class _Tier:
     __slots__ = (
+        "backed",
         "backend",
         "breaker",
         "bytes_in",
@@ -259,6 +261,8 @@ class _Tier:
         self.high = high
         self.low = low
         self.lru: OrderedDict[str, None] = OrderedDict()
+        #: keys whose *durable copy* (not their serving copy) is on this tier
+        self.backed: set[str] = set()
         self.hits = self.misses = self.bytes_in = self.bytes_out = 0
         self.promotions = self.demotions = 0
         self.breaker = breaker
@@ -543,9 +547,9 @@ class TierKV:
                     continue  # being stored concurrently by another task
                 if placed:
                     stored += 1
-                    tier = self._tiers[self._index[key].tier]
-                    if tier.name not in tiers_used:
-                        tiers_used.append(tier.name)
+                    placed_e = self._index.get(key)
+                    if placed_e is not None and self._tiers[placed_e.tier].name not in tiers_used:
+                        tiers_used.append(self._tiers[placed_e.tier].name)
                 await anyio.lowlevel.checkpoint_if_cancelled()
             async with self._lock:
                 entries = [e for e in (self._index.get(k.hex()) for k in keys) if e is not None]
@@ -612,23 +616,65 @@ class TierKV:
             ti = await self._write_to_fastest(key, data, tag, 0)
             if ti is None:
                 return None
-            e = _Entry(key, ti, data.nbytes, tag, self._model_scope, tid, parent, pos, crc)
-            e.label = label
-            if self._tiers[ti].backend.capabilities.persistent:
-                e.backing = ti
             async with self._lock:
-                self._adopt(e, root)
-                self._tiers[ti].lru[key] = None
-            written = True
+                e = self._index.get(key)
+                if e is None:
+                    e = _Entry(key, ti, data.nbytes, tag, self._model_scope, tid, parent, pos, crc)
+                    e.label = label
+                    if self._tiers[ti].backend.capabilities.persistent:
+                        e.backing = ti
+                    self._adopt(e, root)
+                    self._tiers[ti].lru[key] = None
+                    written = True
+                else:
+                    written = False  # another task indexed it meanwhile (same key, same bytes)
         else:
             written = False
         if durable and e.backing < 0:
-            bi = self._persistent_tier(e.tier)
-            if bi is None:
-                raise TierUnavailableError("put(durable=True) needs a healthy persistent tier below the block's tier")
-            if await self._write_to_fastest(key, data, tag, bi, only=True) is not None:
-                e.backing = bi
+            await self._make_durable(e, data, tag)
         return written
+
+    async def _make_durable(self, e: _Entry, data: memoryview, tag: bytes) -> None:
+        """Write the durable copy of ``e`` to the fastest persistent tier below its
+        serving tier that has room. If another task is writing that copy right
+        now, wait for it (bounded). Raises CapacityError when no persistent tier
+        can take it."""
+        key = e.key
+        with anyio.fail_after(30):
+            while e.backing < 0:
+                busy = False
+                for bi in range(e.tier + 1, len(self._tiers)):
+                    t = self._tiers[bi]
+                    if not (t.healthy and t.backend.capabilities.persistent):
+                        continue
+                    try:
+                        placed = await self._write_to_fastest(key, data, tag, bi, only=True)
+                    except CapacityError:
+                        continue
+                    if placed is None:
+                        busy = True  # another put of the same block is writing it there
+                        continue
+                    async with self._lock:
+                        if e.backing < 0:
+                            self._set_backing(e, bi)
+                    break
+                if e.backing >= 0:
+                    return
+                if self._index.get(key) is not e:
+                    # dropped meanwhile by capacity pressure: index it again, durably this time
+                    ti = await self._write_to_fastest(key, data, tag, 0)
+                    if ti is not None:
+                        async with self._lock:
+                            if self._index.get(key) is None:
+                                self._adopt(e, b"")
+                                e.tier = ti
+                                e.backing = ti if self._tiers[ti].backend.capabilities.persistent else -1
+                                self._tiers[ti].lru[key] = None
+                        e = self._index.get(key, e)
+                    continue
+                if not busy:
+                    raise CapacityError(f"put(durable=True): no persistent tier has room for block {key[:16]}")
+                await anyio.sleep(0.005)
 
     async def _write_to_fastest(
         self, key: str, data: memoryview, tag: bytes, start: int, *, only: bool = False
@@ -663,6 +709,8 @@ class TierKV:
                     break
                 try:
                     await t.backend.write(alloc, data)
+                except BlockNotFoundError:
+                    return None  # the reservation was dropped by a concurrent evict of the key
                 except BackendError as exc:
                     self._tier_failed(ti, exc)
                     last_exc = exc
@@ -686,8 +734,12 @@ class TierKV:
             self._roots[root] = self._roots.get(root, 0) + 1
 
     def _tier_failed(self, ti: int, exc: BaseException) -> None:
-        """Feed the tier's circuit breaker; an open breaker takes the tier out of
-        placement and makes its blocks misses until probes succeed."""
+        """Feed the tier's circuit breaker with a device failure; an open breaker
+        takes the tier out of placement and makes its blocks misses until probes
+        succeed. Contract outcomes (missing block, existing key, no capacity,
+        corrupt block) are not failures of the device."""
+        if isinstance(exc, (BlockNotFoundError, BlockExistsError, CapacityError, IntegrityError)):
+            return
         t = self._tiers[ti]
         was = t.healthy
         t.breaker.record_failure()
@@ -730,8 +782,9 @@ class TierKV:
         ``ln P(reuse) + t_last / tau`` first; at the bottom tier, protected
         high-fanout prefixes go last."""
         tier = self._tiers[ti]
+        backed = sorted((k for k in tier.backed if k in self._index), key=lambda k: self._index[k].t_last)
         if self._sched.policy == "lru":
-            return list(tier.lru)
+            return [*tier.lru, *backed]
         sched = self._sched
         bottom = lower_tier(self._loads(), ti) is None
         # head-granular importance reported by the engine lifts the blocks that
@@ -748,12 +801,12 @@ class TierKV:
                 score += float(imp[e.pos])
             keyed.append((prot, score, k))
         keyed.sort()
-        return [k for _, _, k in keyed]
+        return [k for _, _, k in keyed] + backed
 
     async def _shed(self, ti: int, need: int) -> None:
         tier = self._tiers[ti]
         async with self._lock:
-            sizes = {k: self._index[k].nbytes for k in tier.lru if k in self._index}
+            sizes = {k: self._index[k].nbytes for k in (*tier.lru, *tier.backed) if k in self._index}
             pinned = [k for k in sizes if self._index[k].pins]
             victims = select_victims(self._eviction_order(ti), sizes, need, pinned)
             for k in victims:
@@ -764,18 +817,21 @@ class TierKV:
                 for k in victims:
                     e = self._index[k]
                     if e.tier != ti:
+                        if e.backing == ti:
+                            await self._shed_durable_copy(e, ti, dest)
                         continue
                     self._prefetch_wasted(e)
                     if e.backing > ti:  # a durable copy exists below: just drop this one
                         await self._demote_to_backing(e)
                         self._decided("demote", e, ti, e.backing, "watermark: durable copy below")
                         continue
-                    if dest is not None and await self._move(e, ti, dest):
-                        self._decided("demote", e, ti, dest, "watermark")
+                    if dest is not None:
+                        if await self._move(e, ti, dest):
+                            self._decided("demote", e, ti, dest, "watermark")
+                        # else: no room below right now (or another task is writing it there):
+                        # keep the block where it is rather than lose it
                         continue
-                    self._decided(
-                        "evict", e, ti, -1, "watermark at the bottom tier" if dest is None else "no room below"
-                    )
+                    self._decided("evict", e, ti, -1, "watermark at the bottom tier")
                     await self._drop(e)
         finally:
             async with self._lock:
@@ -825,21 +881,47 @@ class TierKV:
             )
         tel.decision(kind, attrs)
 
-    async def _demote_to_backing(self, e: _Entry) -> None:
-        src = self._tiers[e.tier]
+    async def _shed_durable_copy(self, e: _Entry, ti: int, dest: int | None) -> None:
+        """Move the durable copy of a block served elsewhere down to the next
+        persistent tier; with none below (or no room), drop it (the block stays
+        cached, no longer durable)."""
+        moved = False
+        if dest is not None and self._tiers[dest].backend.capabilities.persistent:
+            try:
+                data = await self._tiers[ti].backend.read(e.key)
+                await self._make_room(dest, e.nbytes)
+                alloc = await self._tiers[dest].backend.allocate(e.key, e.nbytes, tag=e.tag)
+                await self._tiers[dest].backend.write(alloc, data)
+                moved = True
+            except (BlockNotFoundError, IntegrityError, CapacityError, BlockExistsError):
+                moved = False
         async with self._lock:
-            src.lru.pop(e.key, None)
-            old, e.tier = e.tier, e.backing
-            self._tiers[e.tier].lru[e.key] = None
+            self._set_backing(e, dest if moved and dest is not None else -1)
+        await self._tiers[ti].backend.evict(e.key)
+        self._decided("demote" if moved else "evict", e, ti, dest if moved and dest is not None else -1, "durable copy")
+
+    async def _demote_to_backing(self, e: _Entry) -> None:
+        old = e.tier
+        await self._retarget(e, e.backing)
         await self._tiers[old].backend.evict(e.key)
 
     async def _move(self, e: _Entry, src: int, dst: int) -> bool:
-        """Copy a block from tier ``src`` to ``dst`` then evict it from ``src``."""
+        """Copy a block from tier ``src`` to ``dst`` then evict it from ``src``.
+
+        The durable copy follows the block: if ``src`` held it, ``dst`` holds it
+        afterwards (when persistent). Returns False when the block could not be
+        placed on ``dst`` (no room, or another task is writing it there)."""
         s, d = self._tiers[src], self._tiers[dst]
         try:
             data = await s.backend.read(e.key)
-        except BlockNotFoundError:
-            await self._forget(e, "vanished")
+        except (BlockNotFoundError, IntegrityError):
+            if e.tier != src or self._index.get(e.key) is not e:
+                return True  # moved or removed by another task meanwhile
+            # the serving copy vanished or is corrupt (quarantined by the backend)
+            if e.backing >= 0 and e.backing != src:
+                await self._retarget(e, e.backing)
+            else:
+                await self._forget(e, "vanished")
             return True
         s.bytes_out += len(data)
         self._tel.bytes_read.add(len(data), {"tier": s.name})
@@ -847,7 +929,8 @@ class TierKV:
             await self._make_room(dst, e.nbytes)
             alloc = await d.backend.allocate(e.key, e.nbytes, tag=e.tag)
         except BlockExistsError:
-            pass
+            if not await d.backend.contains(e.key):
+                return False  # only reserved there by another task: not a copy yet
         except CapacityError:
             return False
         else:
@@ -857,11 +940,29 @@ class TierKV:
         async with self._lock:
             s.lru.pop(e.key, None)
             e.tier = dst
-            if d.backend.capabilities.persistent and e.backing < 0:
-                e.backing = dst
+            if e.backing == src or (e.backing < 0 and d.backend.capabilities.persistent):
+                self._set_backing(e, dst if d.backend.capabilities.persistent else -1)
             d.lru[e.key] = None
         await s.backend.evict(e.key)
         return True
+
+    def _set_backing(self, e: _Entry, ti: int) -> None:
+        """Point the durable copy of ``e`` at tier ``ti`` (-1: none), keeping each
+        tier's set of backing-only copies exact (call under the lock)."""
+        if e.backing >= 0 and e.backing != e.tier:
+            self._tiers[e.backing].backed.discard(e.key)
+        e.backing = ti
+        if ti >= 0 and ti != e.tier:
+            self._tiers[ti].backed.add(e.key)
+
+    async def _retarget(self, e: _Entry, ti: int) -> None:
+        """Serve ``e`` from tier ``ti`` (which holds its durable copy) from now on."""
+        async with self._lock:
+            self._tiers[e.tier].lru.pop(e.key, None)
+            if ti >= 0:
+                self._tiers[ti].backed.discard(e.key)
+            e.tier = ti
+            self._tiers[ti].lru[e.key] = None
 
     async def _drop(self, e: _Entry) -> None:
         """Remove a block from the index and from every tier holding a copy."""
@@ -886,7 +987,9 @@ class TierKV:
                 parent = self._index.get(e.parent.hex()) if e.pos else None
                 if parent is not None and parent.children > 0:
                     parent.children -= 1
-            self._tiers[e.tier].lru.pop(e.key, None)
+                self._tiers[e.tier].lru.pop(e.key, None)
+                if e.backing >= 0:
+                    self._tiers[e.backing].backed.discard(e.key)
         self._prefetch_wasted(e)
         if e.count and self._tel.enabled and self._sched.now() - e.t_last <= self._sched.predictor.horizon:
             pass  # outcome still open: it may yet be reused elsewhere; not counted
@@ -1030,14 +1133,35 @@ class TierKV:
                     e.pins += 1
                 self._record_access(entries, len(keys), len(entries))
             try:
-                async with self._fetch_limiter:
-                    result = await self._fetch(entries, len(keys), out, arr, reason)
+                result = await self._admitted_fetch(entries, len(keys), out, arr, reason)
             finally:
                 async with self._lock:
                     for e in entries:
                         e.pins -= 1
             self._after_get(result, entries, tid, span, len(arr))
         return result
+
+    async def _admitted_fetch(
+        self, entries: list[_Entry], wanted: int, out: Any, arr: np.ndarray[Any, Any], reason: str
+    ) -> GetResult:
+        """Admission control: at most ``max_concurrent_fetches`` reads at once; with
+        ``fetch_wait_s`` a request that cannot start within that budget is
+        answered at once as a miss (``overloaded``: the engine recomputes), so
+        latency stays bounded during a miss storm."""
+        wait = self._sched.fetch_wait_s
+        if wait is None or not entries:
+            async with self._fetch_limiter:
+                return await self._fetch(entries, wanted, out, arr, reason)
+        acquired = False
+        with anyio.move_on_after(wait):
+            await self._fetch_limiter.acquire()
+            acquired = True
+        if not acquired:
+            return GetResult(0, None, (), "overloaded")
+        try:
+            return await self._fetch(entries, wanted, out, arr, reason)
+        finally:
+            self._fetch_limiter.release()
 
     def _after_get(self, r: GetResult, entries: list[_Entry], tid: bytes, span: Any, tokens: int) -> None:
         tel = self._tel
@@ -1117,18 +1241,24 @@ class TierKV:
             by_tier.setdefault(ti, []).append(i)
         for ti, idxs in by_tier.items():
             await self._read_tier(ti, idxs, entries, results)
-        for i, r in enumerate(results):  # serve from the durable copy when the fast copy failed
+        for i, r in enumerate(results):
             e = entries[i]
+            if isinstance(r, BlockNotFoundError) and e.tier != served[i]:
+                # moved by a concurrent promotion/demotion while we read: read where it is now
+                try:
+                    results[i] = await self._tiers[e.tier].backend.read(e.key)
+                    served[i] = e.tier
+                    continue
+                except BackendError as exc:
+                    results[i] = r = exc
+            # serve from the durable copy when the fast copy failed
             if isinstance(r, BaseException) and e.backing >= 0 and e.backing != e.tier:
                 try:
                     results[i] = await self._tiers[e.backing].backend.read(e.key)
                 except BackendError:
                     continue
                 served[i] = e.backing
-                async with self._lock:
-                    self._tiers[e.tier].lru.pop(e.key, None)
-                    e.tier = e.backing
-                    self._tiers[e.tier].lru[e.key] = None
+                await self._retarget(e, e.backing)
         return results
 
     async def _read_tier(
@@ -1219,17 +1349,16 @@ class TierKV:
             e, err = entries[good], datas[good]
             tier = self._tiers[e.tier]
             tier.misses += 1
-            if isinstance(err, (BlockNotFoundError, IntegrityError)):
+            if isinstance(err, BlockNotFoundError) and (e.tier != served[good] or self._index.get(e.key) is not e):
+                miss_reason = "evicted_local"  # moved or dropped by another task during this read
+            elif isinstance(err, (BlockNotFoundError, IntegrityError)):
                 if isinstance(err, IntegrityError):
                     miss_reason = "integrity"
                 else:
                     miss_reason = "evicted_remote" if tier.backend.capabilities.shared else "evicted_local"
                 await self._drop_quietly(e)
                 if e.backing >= 0 and e.backing != e.tier:
-                    async with self._lock:  # the durable copy below serves the next request
-                        tier.lru.pop(e.key, None)
-                        e.tier = e.backing
-                        self._tiers[e.tier].lru[e.key] = None
+                    await self._retarget(e, e.backing)  # the durable copy below serves the next request
                 else:
                     await self._forget(e, None)
             else:
@@ -1256,6 +1385,8 @@ class TierKV:
     def _out_view(self, out: Any, tokens: int) -> np.ndarray[Any, Any]:
         if out is None:
             return np.empty(self._spec.kv_shape(tokens), dtype=self._dtype)
+        if not isinstance(out, np.ndarray) and not type(out).__module__.startswith("torch"):
+            raise KVLayoutError("out type", "a numpy array or a CPU torch tensor", type(out).__name__)
         shape = tuple(out.shape)
         expected = self._spec.kv_shape(tokens)
         ax = 1 if self._spec.attention == "mla" else 2
@@ -1597,7 +1728,8 @@ class TierKV:
                         continue
                     copied += e.nbytes
                     if e.backing < 0:
-                        e.backing = ci
+                        async with self._lock:
+                            self._set_backing(e, ci)
                 sha = ""
                 if isinstance(ct.backend, SupportsContentHash):
                     sha = await ct.backend.content_hash(e.key) or ""
@@ -1700,6 +1832,8 @@ class TierKV:
                 e.tier = dst
                 self._tiers[dst].lru[e.key] = None
                 self._tiers[dst].promotions += 1
+                if e.backing == src:
+                    self._tiers[src].backed.add(e.key)  # stays as the durable copy
             if e.backing != src:
                 await self._tiers[src].backend.evict(e.key)
         return True
@@ -1803,7 +1937,7 @@ class TierKV:
                     self._adopt(e, root)
                     t.lru[info.key] = None
                 elif e.backing == e.tier:
-                    e.backing = ti
+                    self._set_backing(e, ti)
                 else:
                     await t.backend.evict(info.key)
 
