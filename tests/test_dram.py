@@ -236,6 +236,46 @@ async def test_batch_twins() -> None:
             await b.read_many(["k1", "k0"])
 
 
+def test_fast_allocation_constructor_builds_the_same_frozen_value() -> None:
+    import dataclasses
+
+    from tierkv._backend import Allocation
+
+    a = dram_mod._new_allocation("k", 5, b"t", 7)
+    ref = Allocation("k", 5, b"t", 7)
+    assert type(a) is Allocation and a == ref and hash(a) == hash(ref) and repr(a) == repr(ref)
+    assert (a.key, a.nbytes, a.tag, a.handle) == ("k", 5, b"t", 7)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.key = "x"  # type: ignore[misc]
+    assert dataclasses.replace(a, nbytes=6) == Allocation("k", 6, b"t", 7)
+
+
+async def test_batch_mixed_sizes_tags_and_buffers() -> None:
+    async with await _open(capacity=16 * MiB) as b:
+        sizes = [0, 1, 4095, 4096, 70_000, 16384]
+        items = [(f"m{i}", n, bytearray(b"t%d" % i)) for i, n in enumerate(sizes)]
+        allocs = await b.allocate_many(items)  # type: ignore[arg-type]
+        assert [a.tag for a in allocs] == [b"t%d" % i for i in range(len(sizes))]
+        assert len({a.handle for a in allocs}) == len(sizes)
+        datas: list[Any] = [_rand(n, i) for i, n in enumerate(sizes)]
+        datas[1] = datas[1].tobytes()
+        datas[2] = bytearray(datas[2].tobytes())
+        datas[3] = memoryview(datas[3].tobytes())
+        await b.write_many(allocs, datas)
+        intos: list[Any] = [bytearray(n + 3) for n in sizes]  # longer than the blocks: views of the head
+        intos[4] = np.empty(sizes[4], dtype=np.uint8)
+        views = await b.read_many([k for k, _, _ in items], into=intos)
+        for i, n in enumerate(sizes):
+            assert len(views[i]) == n and bytes(views[i]) == bytes(memoryview(datas[i]).cast("B"))
+        with pytest.raises(E.InputError):  # read-only into
+            await b.read_many(["m2"], into=[bytes(4095)])
+        s = b.stats()
+        assert s.details["logical_bytes"] == sum(sizes) and s.writes == len(sizes) and s.reads == len(sizes)
+        assert s.used_bytes == sum(-(-n // 4096) * 4096 for n in sizes) and s.reserved_bytes == 0
+        assert await b.evict_many([k for k, _, _ in items]) == [True] * len(sizes)
+        assert b.stats().used_bytes == 0 and b.stats().details["logical_bytes"] == 0
+
+
 async def test_large_batch_through_thread_and_cancelled_write_many(monkeypatch: pytest.MonkeyPatch) -> None:
     b = await _open(capacity=32 * MiB)
     allocs = await b.allocate_many([(f"b{i}", MiB, b"") for i in range(4)])

@@ -114,6 +114,12 @@ class Capabilities:
         max_concurrency: worker threads / in-flight I/Os the backend uses.
         envelope_threshold: minimum throughput ratio against the raw reference
             for certification (``tierkv certify``).
+        envelope_small_block_bytes: envelope rows of blocks smaller than this
+            are graded by ``envelope_small_block_us`` (batched time per block)
+            instead of the ratio: at small sizes the fixed per-block work of any
+            store (bookkeeping, allocation) dominates a bare copy loop. 0 grades
+            every row by the ratio.
+        envelope_small_block_us: the per-block bound for those rows.
     """
 
     tier_kind: TierKind
@@ -124,6 +130,8 @@ class Capabilities:
     max_block_bytes: int = 1 << 30
     max_concurrency: int = 8
     envelope_threshold: float = 0.8
+    envelope_small_block_bytes: int = 0
+    envelope_small_block_us: float = 20.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -222,6 +222,12 @@ class BuddyAllocator:
         start = self._take_run(total)
         offsets: list[int] = []
         if start is not None:
+            c0 = counts[0]
+            if c0 and counts.count(c0) == len(counts):  # one block size: C-level bookkeeping
+                end = start + total
+                live.update(dict.fromkeys(range(start, end, c0), c0))
+                self.used += total << sh
+                return list(range(start << sh, end << sh, c0 << sh))
             p = start
             for c in counts:
                 if c:

@@ -8,7 +8,10 @@ envelope against a raw reference, detects the hardware, and writes
 Verdict:
   CERTIFIED        every test passed, the backend ran on its real hardware
                    (``stats().emulated`` is false) and every envelope ratio is
-                   >= ``capabilities.envelope_threshold``;
+                   >= ``capabilities.envelope_threshold`` (rows of blocks below
+                   ``capabilities.envelope_small_block_bytes`` are graded by
+                   their batched time per block instead, <=
+                   ``capabilities.envelope_small_block_us``);
   PASSED-EMULATED  every test passed, but the backend ran on a stand-in
                    (never CERTIFIED on emulation);
   FAILED           anything else (a failed test, a ratio below the threshold or
@@ -56,9 +59,20 @@ def _redact(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def build_verdict(
-    tests: Mapping[str, Any], emulated: bool, envelope: Sequence[Mapping[str, Any]], threshold: float, error: str = ""
+    tests: Mapping[str, Any],
+    emulated: bool,
+    envelope: Sequence[Mapping[str, Any]],
+    threshold: float,
+    error: str = "",
+    *,
+    small_block_bytes: int = 0,
+    small_block_us: float = 20.0,
 ) -> tuple[str, list[str]]:
-    """The verdict and the reasons behind it (pure; see the module docstring)."""
+    """The verdict and the reasons behind it (pure; see the module docstring).
+
+    Rows of blocks smaller than ``small_block_bytes`` are graded by their
+    batched time per block (<= ``small_block_us``), every other row by its
+    ratio to the raw reference (>= ``threshold``)."""
     reasons: list[str] = []
     if error:
         reasons.append(error)
@@ -74,12 +88,25 @@ def build_verdict(
         return "PASSED-EMULATED", ["all tests passed on an emulated medium (stats().emulated is true)"]
     if not envelope:
         return "FAILED", ["no envelope rows were measured"]
-    low = [r for r in envelope if r.get("ratio") is None or float(r["ratio"]) < threshold]
+    low: list[str] = []
+    for r in envelope:
+        size = int(r["block_bytes"])
+        if size < small_block_bytes:
+            gbps = float(r.get("gbps") or 0.0)
+            us = size / (gbps * 1e9) * 1e6 if gbps > 0 else float("inf")
+            if us > small_block_us:
+                low.append(f"envelope {size} B {r['op']}: {us:.1f} us per block above {small_block_us} us")
+        elif r.get("ratio") is None or float(r["ratio"]) < threshold:
+            low.append(f"envelope {size} B {r['op']}: ratio {r.get('ratio')} below threshold {threshold}")
     if low:
-        return "FAILED", [
-            f"envelope {r['block_bytes']} B {r['op']}: ratio {r.get('ratio')} below threshold {threshold}" for r in low
-        ]
-    return "CERTIFIED", [f"all tests passed on real hardware; every envelope ratio >= {threshold}"]
+        return "FAILED", low
+    rule = f"every envelope ratio >= {threshold}"
+    if small_block_bytes:
+        rule = (
+            f"every envelope ratio >= {threshold} for blocks >= {small_block_bytes} B, "
+            f"and <= {small_block_us} us per block below"
+        )
+    return "CERTIFIED", [f"all tests passed on real hardware; {rule}"]
 
 
 async def _envelope(
@@ -112,7 +139,12 @@ def render_markdown(cert: Mapping[str, Any]) -> str:
         f"- tierkv {cert['tierkv_version']}, backend API {cert['api_version']}",
         f"- emulated: {'yes' if cert['emulated'] else 'no'}; data path: {cert.get('io_path') or '?'}",
         f"- tests: {t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped",
-        f"- envelope threshold: {cert['envelope_threshold']}",
+        f"- envelope threshold: {cert['envelope_threshold']}"
+        + (
+            f" (blocks < {cert['envelope_small_block_bytes']} B graded by <= {cert['envelope_small_block_us']} us per block)"
+            if cert.get("envelope_small_block_bytes")
+            else ""
+        ),
         f"- date: {cert['created']}; duration {cert['duration_s']} s",
         "",
         "## Verdict reasons",
@@ -222,10 +254,18 @@ def main(argv: list[str]) -> int:
         hw_path = storage_dir(env_options, env_dir)
         hardware = detect_hardware(hw_path)
         dist, version = backend_distribution(cls, a.name)
-        threshold = float(info.get("capabilities", {}).get("envelope_threshold", 0.8))
+        caps_info = info.get("capabilities", {})
+        threshold = float(caps_info.get("envelope_threshold", 0.8))
+        small_bytes = int(caps_info.get("envelope_small_block_bytes", 0))
+        small_us = float(caps_info.get("envelope_small_block_us", 20.0))
         envelope = [asdict(r) for r in rows]
+        for r in envelope:
+            g = float(r.get("gbps") or 0.0)
+            r["us_per_block"] = round(r["block_bytes"] / (g * 1e9) * 1e6, 2) if g > 0 else None
         emulated = bool(info.get("emulated", False))
-        verdict, reasons = build_verdict(tests, emulated, envelope, threshold, error)
+        verdict, reasons = build_verdict(
+            tests, emulated, envelope, threshold, error, small_block_bytes=small_bytes, small_block_us=small_us
+        )
         cert: dict[str, Any] = {
             "backend": a.name,
             "backend_class": f"{cls.__module__}.{cls.__qualname__}",
@@ -247,6 +287,8 @@ def main(argv: list[str]) -> int:
             "hardware": hardware,
             "tests": tests,
             "envelope_threshold": threshold,
+            "envelope_small_block_bytes": small_bytes,
+            "envelope_small_block_us": small_us,
             "envelope": envelope,
             "verdict": verdict,
             "verdict_reasons": reasons,
