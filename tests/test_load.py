@@ -23,7 +23,6 @@ from bench_load import LoadResult, load_config, populate, run_load
 pytestmark = pytest.mark.anyio
 
 
-
 def _wrong_bytes(res: LoadResult) -> list[str]:
     return [p for p in res.problems if p.startswith(("wrong bytes", "odd prefix", "kv for an empty"))]
 
