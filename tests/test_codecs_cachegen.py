@@ -62,7 +62,7 @@ def test_dtypes_and_error_bound(dtype: str) -> None:
     rng = np.random.default_rng(0)
     kv32 = _kv(rng).astype(np.float32)
     arr = (kv32.view(np.uint32) >> 16).astype(np.uint16) if dtype == "bfloat16" else kv32.astype(dtype)
-    block = encode_block(arr, CacheGenCodec(level=2), dtype=dtype if dtype == "bfloat16" else None)
+    block = encode_block(arr, CacheGenCodec(level=3), dtype=dtype if dtype == "bfloat16" else None)
     out = decode_block(block)
     assert out.dtype == arr.dtype
     back = (out.astype(np.uint32) << 16).view(np.float32) if dtype == "bfloat16" else out.astype(np.float32)

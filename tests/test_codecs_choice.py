@@ -26,7 +26,7 @@ def test_fast_tier_gets_raw_slow_tier_gets_lossy() -> None:
     assert "cachegen:3" in slow.reason
     assert choose_codec(ALL, 10e6, allow_lossy=False).chosen is LZ4
     assert choose_codec(ALL, 10e6, max_level=2).chosen is L2
-    assert set(choose_codec(ALL, 10e6, max_level=2).excluded) == {"cachegen:3"}
+    assert set(choose_codec(ALL, 10e6, max_level=2).excluded) == {"cachegen:3:zstd"}
 
 
 def test_break_even_matches_costs() -> None:
@@ -40,7 +40,7 @@ def test_break_even_matches_costs() -> None:
     assert break_even_bandwidth(CodecCandidate("x", {}, 2.0, 9000.0), RAW) == math.inf
     # more decode threads raise the break-even bandwidth proportionally
     assert break_even_bandwidth(L2, RAW, parallelism=4) == pytest.approx(4 * bw)
-    assert choose_codec(ALL, 1e9).break_even["cachegen:2"] == pytest.approx(bw)
+    assert choose_codec(ALL, 1e9).break_even["cachegen:2:zstd"] == pytest.approx(bw)
 
 
 def test_choice_rejects_bad_input() -> None:

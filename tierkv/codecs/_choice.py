@@ -25,7 +25,14 @@ from typing import Any
 from .._errors import InputError
 from ._base import ParamValue
 
-__all__ = ["CodecCandidate", "CodecChoice", "break_even_bandwidth", "choose_codec", "fetch_decode_seconds"]
+__all__ = [
+    "MEASURED_CANDIDATES",
+    "CodecCandidate",
+    "CodecChoice",
+    "break_even_bandwidth",
+    "choose_codec",
+    "fetch_decode_seconds",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,7 +54,11 @@ class CodecCandidate:
 
     @property
     def label(self) -> str:
-        return f"{self.codec}:{self.level}" if self.lossy else self.codec
+        """Unique name in choices: ``codec``, or ``codec:level[:entropy]`` for lossy candidates."""
+        if not self.lossy:
+            return self.codec
+        entropy = self.params.get("entropy")
+        return f"{self.codec}:{self.level}" + (f":{entropy}" if isinstance(entropy, str) else "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,3 +162,25 @@ def choose_codec(
         reason=reason,
         excluded=tuple(excluded),
     )
+
+
+def _cg(level: int, entropy: str, ratio: float, dec: float, enc: float) -> CodecCandidate:
+    return CodecCandidate("cachegen", {"level": level, "entropy": entropy}, ratio, dec, enc, True, level)
+
+
+#: Measured by ``tierkv codec-eval`` (benchmarks/results/codec_eval.json) on SmolLM2-135M KV, fp16 blocks of
+#: 128 tokens: ratio vs fp16 and MB/s of fp16 per core. Only self-contained modes (no static table the reader
+#: would need): ``ans`` with a per-block table and ``zstd``. The default candidates of ``TierCodec``.
+MEASURED_CANDIDATES: tuple[CodecCandidate, ...] = (
+    CodecCandidate("raw", {}, 1.000, 1656.0, 837.0),
+    CodecCandidate("lz4", {}, 1.000, 327.0, 827.0),
+    CodecCandidate("zstd", {}, 1.168, 195.0, 309.0),
+    _cg(1, "ans", 2.86, 61.0, 66.0),
+    _cg(1, "zstd", 3.21, 445.0, 367.0),
+    _cg(2, "ans", 4.51, 64.0, 86.0),
+    _cg(2, "zstd", 4.49, 425.0, 286.0),
+    _cg(3, "ans", 5.55, 60.0, 84.0),
+    _cg(3, "zstd", 5.15, 453.0, 261.0),
+    _cg(4, "ans", 9.86, 33.0, 51.0),
+    _cg(4, "zstd", 7.88, 387.0, 217.0),
+)
