@@ -147,13 +147,13 @@ async def test_hit_span_and_metrics(tmp_path: Path, otel: Otel) -> None:
 
     (put,) = otel.attrs("tierkv.put")
     assert put["tierkv.tokens"] == 48 and put["tierkv.new_blocks"] == 3
-    assert put["tierkv.bytes"] == 3 * BLK and put["tierkv.codec"] == "raw"
+    assert put["tierkv.bytes"] == 3 * BLK and tuple(put["tierkv.codec"]) == ("raw",)
     tid = put["tierkv.tenant"]
     assert tid != "alice" and len(tid) == 32 and tid != DEFAULT_TENANT  # hashed, never the name
     (get,) = otel.attrs("tierkv.get")
     assert get["tierkv.tokens"] == 48 and get["tierkv.hit_tokens"] == 48
     assert list(get["tierkv.tiers_hit"]) == ["dram"]
-    assert get["tierkv.bytes"] == 3 * BLK and get["tierkv.codec"] == "raw"
+    assert get["tierkv.bytes"] == 3 * BLK and tuple(get["tierkv.codec"]) == ("raw",)
     assert get["tierkv.tenant"] == tid and get["tierkv.miss_reason"] == ""
     (look,) = otel.attrs("tierkv.lookup")
     assert look["tierkv.hit_tokens"] == 48 and look["tierkv.miss_reason"] == ""

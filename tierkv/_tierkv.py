@@ -53,6 +53,8 @@ from ._errors import (
     BlockNotFoundError,
     CapacityError,
     ClosedError,
+    ConfigError,
+    DecodeError,
     InputError,
     IntegrityError,
     KVLayoutError,
@@ -67,6 +69,7 @@ from ._placement import TierLoad, bytes_to_shed, lower_tier, select_victims
 from ._registry import load_backend_class
 from ._scheduling import SchedulerState
 from ._telemetry import Telemetry
+from .codecs import TierCodec
 from .scheduler import CircuitBreaker, PrefetchWindow, placement_value
 
 __all__ = ["CheckpointResult", "GetResult", "LookupResult", "PutResult", "TierKV", "TierStats"]
@@ -115,7 +118,9 @@ class GetResult:
     ``never_stored``, ``evicted_local``, ``evicted_remote``, ``gated``,
     ``tier_unhealthy``, ``tier_error``, ``integrity``, ``different_scope``,
     ``overloaded`` (admission control);
-    a gated miss carries both estimates (``fetch_s``, ``recompute_s``)."""
+    a gated miss carries both estimates (``fetch_s``, ``recompute_s``).
+    ``exact`` is False when some block passed through a tier with a lossy
+    codec (its KV is then the codec's reconstruction, not the original bits)."""
 
     tokens: int
     kv: Any
@@ -123,6 +128,7 @@ class GetResult:
     miss_reason: str = ""
     fetch_s: float | None = None
     recompute_s: float | None = None
+    exact: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +169,8 @@ class TierStats:
     io_path: str
     emulated: bool
     healthy: bool
+    codec: str = "raw"
+    codec_reasoning: Mapping[str, Any] | None = None
 
 
 class _Entry:
@@ -178,6 +186,7 @@ class _Entry:
         "children",
         "count",
         "crc",
+        "exact",
         "key",
         "label",
         "model_scope",
@@ -222,6 +231,7 @@ class _Entry:
         self.t_last = 0.0
         self.label: int | None = None
         self.p_pred = 0.0
+        self.exact = True  # False once a lossy codec re-encoded it (then its codec CRC guards it)
 
 
 class _Tier:
@@ -231,6 +241,7 @@ class _Tier:
         "breaker",
         "bytes_in",
         "bytes_out",
+        "codec",
         "config_name",
         "demotions",
         "high",
@@ -267,6 +278,7 @@ class _Tier:
         self.promotions = self.demotions = 0
         self.breaker = breaker
         self.limiter = anyio.CapacityLimiter(transfers)
+        self.codec: TierCodec | None = None
 
     @property
     def healthy(self) -> bool:
@@ -323,6 +335,9 @@ class TierKV:
             _Tier(name, tc.backend, b, tc.high_watermark, tc.low_watermark, br, self._sched.max_transfers)
             for (name, b), tc, br in zip(tiers, config.tiers, self._sched.breakers, strict=True)
         ]
+        for t, tc in zip(self._tiers, config.tiers, strict=True):
+            if tc.codec is not None:
+                t.codec = self._make_codec(t, tc.codec)
         self._fetch_limiter = anyio.CapacityLimiter(self._sched.max_fetches)
         self._roots: dict[bytes, int] = {}
         self._service_tg: TaskGroup | None = None
@@ -567,7 +582,9 @@ class TierKV:
                         "tierkv.new_blocks": stored,
                         "tierkv.bytes": sum(d.nbytes for _, d, _ in prepared),
                         "tierkv.tiers": tiers_used,
-                        "tierkv.codec": "raw",
+                        "tierkv.codec": sorted(
+                            {self._codec_name(i) for i, t in enumerate(self._tiers) if t.name in tiers_used}
+                        ),
                         "tierkv.tenant": tid.hex(),
                         "tierkv.durable": durable,
                     }
@@ -690,9 +707,10 @@ class TierKV:
             t = self._tiers[ti]
             if not t.healthy:
                 continue
+            payload = await self._encode_for(ti, data)
             for attempt in range(2):
                 try:
-                    alloc = await t.backend.allocate(key, data.nbytes, tag=tag)
+                    alloc = await t.backend.allocate(key, payload.nbytes, tag=tag)
                 except BlockExistsError:
                     if await t.backend.contains(key):
                         return ti  # committed earlier (e.g. a write-through copy): adopt it
@@ -708,7 +726,7 @@ class TierKV:
                     last_exc = exc
                     break
                 try:
-                    await t.backend.write(alloc, data)
+                    await t.backend.write(alloc, payload)
                 except BlockNotFoundError:
                     return None  # the reservation was dropped by a concurrent evict of the key
                 except BackendError as exc:
@@ -722,6 +740,20 @@ class TierKV:
             raise CapacityError(f"no tier has room for a block of {data.nbytes} bytes") from last_exc
         raise last_exc
 
+    def _codec_name(self, ti: int) -> str:
+        c = self._tiers[ti].codec
+        return c.name if c is not None else "raw"
+
+    def _make_codec(self, t: _Tier, spec: Mapping[str, Any]) -> TierCodec:
+        """The tier's codec from its config; ``{codec = "auto"}`` chooses by the
+        tier's estimated bandwidth (re-chosen as measurements come in)."""
+        if self.config.kv_dtype not in ("float16", "float32") and spec.get("codec") not in ("raw", "lz4", "zstd"):
+            raise ConfigError(
+                f"tiers.{t.name}.codec", dict(spec), "raw, lz4 or zstd for this kv_dtype (lossy codecs need float16/32)"
+            )
+        bw = self._sched.estimators[self._tiers.index(t)].bandwidth_Bps if t in self._tiers else None
+        return TierCodec.from_config(spec, bandwidth_Bps=bw if spec.get("codec") == "auto" else None, tier=t.name)
+
     def _adopt(self, e: _Entry, root: bytes) -> None:
         """Insert a new entry into the index (under the lock, or before serving)."""
         e.bid = self._next_bid
@@ -732,6 +764,38 @@ class TierKV:
             parent.children += 1
         if root:
             self._roots[root] = self._roots.get(root, 0) + 1
+
+    async def _encode_for(self, ti: int, raw: memoryview) -> memoryview:
+        """The bytes tier ``ti`` stores for a block (its codec's self-describing
+        block, or the raw bytes when it has none)."""
+        tc = self._tiers[ti].codec
+        if tc is None:
+            return raw
+        arr = np.frombuffer(raw, dtype=self._dtype).reshape(self._block_shape)
+        return memoryview(await tc.aencode(arr, dtype=self.config.kv_dtype))
+
+    async def _decoded(self, ti: int, key: str, data: memoryview) -> memoryview:
+        """Raw block bytes from what tier ``ti`` returned; a payload that does not
+        decode is an integrity failure of that tier (never garbage)."""
+        tc = self._tiers[ti].codec
+        if tc is None:
+            return data
+        try:
+            arr = await tc.adecode(data)
+        except DecodeError as exc:
+            raise IntegrityError(f"block {key[:16]}: {exc}", tier=self._tiers[ti].name) from exc
+        out: memoryview = np.ascontiguousarray(arr).reshape(-1).view(np.uint8).data
+        return out
+
+    async def _read_raw(self, ti: int, key: str) -> memoryview:
+        return await self._decoded(ti, key, await self._tiers[ti].backend.read(key))
+
+    async def _put_copy(self, ti: int, key: str, raw: memoryview, tag: bytes) -> None:
+        """Allocate and write one block's copy on tier ``ti`` (encoded for it)."""
+        payload = await self._encode_for(ti, raw)
+        backend = self._tiers[ti].backend
+        alloc = await backend.allocate(key, payload.nbytes, tag=tag)
+        await backend.write(alloc, payload)
 
     def _tier_failed(self, ti: int, exc: BaseException) -> None:
         """Feed the tier's circuit breaker with a device failure; an open breaker
@@ -888,10 +952,9 @@ class TierKV:
         moved = False
         if dest is not None and self._tiers[dest].backend.capabilities.persistent:
             try:
-                data = await self._tiers[ti].backend.read(e.key)
+                data = await self._read_raw(ti, e.key)
                 await self._make_room(dest, e.nbytes)
-                alloc = await self._tiers[dest].backend.allocate(e.key, e.nbytes, tag=e.tag)
-                await self._tiers[dest].backend.write(alloc, data)
+                await self._put_copy(dest, e.key, data, e.tag)
                 moved = True
             except (BlockNotFoundError, IntegrityError, CapacityError, BlockExistsError):
                 moved = False
@@ -913,7 +976,7 @@ class TierKV:
         placed on ``dst`` (no room, or another task is writing it there)."""
         s, d = self._tiers[src], self._tiers[dst]
         try:
-            data = await s.backend.read(e.key)
+            data = await self._read_raw(src, e.key)
         except (BlockNotFoundError, IntegrityError):
             if e.tier != src or self._index.get(e.key) is not e:
                 return True  # moved or removed by another task meanwhile
@@ -927,14 +990,17 @@ class TierKV:
         self._tel.bytes_read.add(len(data), {"tier": s.name})
         try:
             await self._make_room(dst, e.nbytes)
-            alloc = await d.backend.allocate(e.key, e.nbytes, tag=e.tag)
+            payload = await self._encode_for(dst, data)
+            alloc = await d.backend.allocate(e.key, payload.nbytes, tag=e.tag)
         except BlockExistsError:
             if not await d.backend.contains(e.key):
                 return False  # only reserved there by another task: not a copy yet
         except CapacityError:
             return False
         else:
-            await d.backend.write(alloc, data)
+            await d.backend.write(alloc, payload)
+            if d.codec is not None and not d.codec.lossless:
+                e.exact = False
             d.bytes_in += e.nbytes
             self._tel.bytes_written.add(e.nbytes, {"tier": d.name})
         async with self._lock:
@@ -1186,7 +1252,8 @@ class TierKV:
                     "tierkv.hit_tokens": r.tokens,
                     "tierkv.tiers_hit": list(r.tiers),
                     "tierkv.bytes": sum(e.nbytes for e in served),
-                    "tierkv.codec": "raw",
+                    "tierkv.codec": sorted({self._codec_name(e.tier) for e in served}),
+                    "tierkv.exact": r.exact,
                     "tierkv.tenant": tenant,
                     "tierkv.miss_reason": r.miss_reason,
                 }
@@ -1246,7 +1313,7 @@ class TierKV:
             if isinstance(r, BlockNotFoundError) and e.tier != served[i]:
                 # moved by a concurrent promotion/demotion while we read: read where it is now
                 try:
-                    results[i] = await self._tiers[e.tier].backend.read(e.key)
+                    results[i] = await self._read_raw(e.tier, e.key)
                     served[i] = e.tier
                     continue
                 except BackendError as exc:
@@ -1254,7 +1321,7 @@ class TierKV:
             # serve from the durable copy when the fast copy failed
             if isinstance(r, BaseException) and e.backing >= 0 and e.backing != e.tier:
                 try:
-                    results[i] = await self._tiers[e.backing].backend.read(e.key)
+                    results[i] = await self._read_raw(e.backing, e.key)
                 except BackendError:
                     continue
                 served[i] = e.backing
@@ -1271,11 +1338,13 @@ class TierKV:
         t0 = time.perf_counter()
         try:
             views = await backend.read_many([entries[i].key for i in idxs])
+            if tier.codec is not None:
+                views = [await self._decoded(ti, entries[i].key, v) for i, v in zip(idxs, views, strict=True)]
         except BackendError as batch_exc:
             pending: BackendError | None = batch_exc if isinstance(batch_exc, IntegrityError) else None
             for i in idxs:  # find which block failed
                 try:
-                    results[i] = await backend.read(entries[i].key)
+                    results[i] = await self._read_raw(ti, entries[i].key)
                     tier.breaker.record_success()
                 except BlockNotFoundError as exc:
                     # a block the batch found corrupt is quarantined, so it now reads as missing
@@ -1331,7 +1400,7 @@ class TierKV:
             for i, (e, d) in enumerate(zip(entries, datas, strict=True)):
                 if isinstance(d, BaseException):
                     return i
-                if len(d) != e.nbytes or zlib.crc32(d) != e.crc:
+                if len(d) != e.nbytes or (e.exact and zlib.crc32(d) != e.crc):
                     datas[i] = IntegrityError(f"block {e.key[:16]} failed its CRC check", tier=self._tiers[e.tier].name)
                     return i
                 blk = np.frombuffer(d, dtype=self._dtype).reshape(self._block_shape)
@@ -1371,10 +1440,11 @@ class TierKV:
             return GetResult(0, None, (), miss_reason)
         used = set(served[:good])
         tiers = tuple(t.name for i, t in enumerate(self._tiers) if i in used)
+        exact = all(e.exact for e in entries[:good])
         if out is not None:
-            return GetResult(good * bt, out, tiers, miss_reason)
+            return GetResult(good * bt, out, tiers, miss_reason, exact=exact)
         result = target if good == n else np.ascontiguousarray(target[block_slice(self._spec, 0, good * bt)])
-        return GetResult(good * bt, result, tiers, miss_reason)
+        return GetResult(good * bt, result, tiers, miss_reason, exact=exact)
 
     async def _drop_quietly(self, e: _Entry) -> None:
         try:
@@ -1721,8 +1791,8 @@ class TierKV:
             for e in order:
                 if e.tier != ci and e.backing != ci:
                     try:
-                        data = await self._tiers[e.tier].backend.read(e.key)
-                    except BlockNotFoundError:
+                        data = await self._read_raw(e.tier, e.key)
+                    except (BlockNotFoundError, IntegrityError):
                         continue
                     if await self._write_to_fastest(e.key, data, e.tag, ci, only=True) is None:
                         continue
@@ -1810,19 +1880,20 @@ class TierKV:
         src = e.tier
         dst_backend = self._tiers[dst].backend
         try:
-            data = await self._tiers[src].backend.read(e.key)
+            data = await self._read_raw(src, e.key)
+            payload = await self._encode_for(dst, data)
             try:
-                alloc = await dst_backend.allocate(e.key, e.nbytes, tag=e.tag)
+                alloc = await dst_backend.allocate(e.key, payload.nbytes, tag=e.tag)
             except CapacityError:
                 # free bytes may be fragmented (size classes): shed, then try once more
-                if dst_backend.stats().capacity_bytes < e.nbytes:
+                if dst_backend.stats().capacity_bytes < payload.nbytes:
                     raise
-                await self._shed(dst, e.nbytes)
-                alloc = await dst_backend.allocate(e.key, e.nbytes, tag=e.tag)
-        except (BlockNotFoundError, CapacityError, BlockExistsError):
+                await self._shed(dst, payload.nbytes)
+                alloc = await dst_backend.allocate(e.key, payload.nbytes, tag=e.tag)
+        except (BlockNotFoundError, CapacityError, BlockExistsError, IntegrityError):
             return False
         with anyio.CancelScope(shield=True):
-            await self._tiers[dst].backend.write(alloc, data)
+            await self._tiers[dst].backend.write(alloc, payload)
             self._tiers[dst].bytes_in += e.nbytes
             self._tiers[src].bytes_out += e.nbytes
             self._tel.bytes_written.add(e.nbytes, {"tier": self._tiers[dst].name})
@@ -1913,6 +1984,8 @@ class TierKV:
                 io_path=s.io_path,
                 emulated=s.emulated,
                 healthy=t.healthy,
+                codec=t.codec.name if t.codec is not None else "raw",
+                codec_reasoning=t.codec.reasoning if t.codec is not None else None,
             )
         return out
 
@@ -1928,11 +2001,12 @@ class TierKV:
                 if parsed is None:
                     continue  # not a tierkv block (a checkpoint manifest, another user's object)
                 ms, tenant, parent, pos, crc, nbytes, root = parsed
-                if nbytes != info.nbytes:
+                if nbytes != info.nbytes and t.codec is None:
                     continue
                 e = self._index.get(info.key)
                 if e is None:
-                    e = _Entry(info.key, ti, info.nbytes, info.tag, ms, tenant, parent, pos, crc)
+                    e = _Entry(info.key, ti, nbytes, info.tag, ms, tenant, parent, pos, crc)
+                    e.exact = t.codec is None or t.codec.lossless
                     e.backing = ti
                     self._adopt(e, root)
                     t.lru[info.key] = None

@@ -282,9 +282,7 @@ class PfsBackend(Backend):
                 obj.parent.mkdir(exist_ok=True)
                 self._fsync_dir(obj.parent.parent)
             self._atomic_write(obj, src)
-        rec = json.dumps(
-            {"v": 1, "sha256": sha, "nbytes": len(src), "tag": tag.hex(), "xxh3": check}
-        ).encode()
+        rec = json.dumps({"v": 1, "sha256": sha, "nbytes": len(src), "tag": tag.hex(), "xxh3": check}).encode()
         self._atomic_write(self._key_path(key), rec)
         return created
 
