@@ -190,6 +190,7 @@ class _Entry:
         "key",
         "label",
         "model_scope",
+        "moving",
         "nbytes",
         "p_pred",
         "parent",
@@ -232,6 +233,7 @@ class _Entry:
         self.label: int | None = None
         self.p_pred = 0.0
         self.exact = True  # False once a lossy codec re-encoded it (then its codec CRC guards it)
+        self.moving = False  # a relocation (move, promotion, demotion) holds it
 
 
 class _Tier:
@@ -886,8 +888,8 @@ class TierKV:
                         continue
                     self._prefetch_wasted(e)
                     if e.backing > ti:  # a durable copy exists below: just drop this one
-                        await self._demote_to_backing(e)
-                        self._decided("demote", e, ti, e.backing, "watermark: durable copy below")
+                        if await self._demote_to_backing(e):
+                            self._decided("demote", e, ti, e.backing, "watermark: durable copy below")
                         continue
                     if dest is not None:
                         if await self._move(e, ti, dest):
@@ -949,7 +951,17 @@ class TierKV:
         """Move the durable copy of a block served elsewhere down to the next
         persistent tier; with none below (or no room), drop it (the block stays
         cached, no longer durable)."""
+        if not await self._claim(e, e.tier):
+            return
+        try:
+            await self._shed_durable_copy_claimed(e, ti, dest)
+        finally:
+            e.moving = False
+
+    async def _shed_durable_copy_claimed(self, e: _Entry, ti: int, dest: int | None) -> None:
         moved = False
+        if e.backing != ti:
+            return
         if dest is not None and self._tiers[dest].backend.capabilities.persistent:
             try:
                 data = await self._read_raw(ti, e.key)
@@ -963,12 +975,36 @@ class TierKV:
         await self._tiers[ti].backend.evict(e.key)
         self._decided("demote" if moved else "evict", e, ti, dest if moved and dest is not None else -1, "durable copy")
 
-    async def _demote_to_backing(self, e: _Entry) -> None:
+    async def _demote_to_backing(self, e: _Entry) -> bool:
         old = e.tier
-        await self._retarget(e, e.backing)
-        await self._tiers[old].backend.evict(e.key)
+        if not await self._claim(e, old):
+            return False
+        try:
+            await self._retarget(e, e.backing)
+            await self._tiers[old].backend.evict(e.key)
+        finally:
+            e.moving = False
+        return True
+
+    async def _claim(self, e: _Entry, tier: int) -> bool:
+        """Claim the right to relocate ``e`` (one relocation of a block at a time).
+        False if another task is relocating it, or it is no longer indexed on ``tier``."""
+        async with self._lock:
+            if e.moving or self._index.get(e.key) is not e or e.tier != tier:
+                return False
+            e.moving = True
+            return True
 
     async def _move(self, e: _Entry, src: int, dst: int) -> bool:
+        """:meth:`_move_claimed` under a relocation claim; False if the block is busy."""
+        if not await self._claim(e, src):
+            return False
+        try:
+            return await self._move_claimed(e, src, dst)
+        finally:
+            e.moving = False
+
+    async def _move_claimed(self, e: _Entry, src: int, dst: int) -> bool:
         """Copy a block from tier ``src`` to ``dst`` then evict it from ``src``.
 
         The durable copy follows the block: if ``src`` held it, ``dst`` holds it
@@ -1021,9 +1057,13 @@ class TierKV:
         if ti >= 0 and ti != e.tier:
             self._tiers[ti].backed.add(e.key)
 
-    async def _retarget(self, e: _Entry, ti: int) -> None:
-        """Serve ``e`` from tier ``ti`` (which holds its durable copy) from now on."""
+    async def _retarget(self, e: _Entry, ti: int, *, claimed: bool = True) -> None:
+        """Serve ``e`` from tier ``ti`` (which holds its durable copy) from now on.
+        Callers hold the relocation claim; on a read path (``claimed=False``) a
+        block being relocated by another task is left to that task."""
         async with self._lock:
+            if self._index.get(e.key) is not e or e.tier == ti or (not claimed and e.moving):
+                return
             self._tiers[e.tier].lru.pop(e.key, None)
             if ti >= 0:
                 self._tiers[ti].backed.discard(e.key)
@@ -1325,7 +1365,7 @@ class TierKV:
                 except BackendError:
                     continue
                 served[i] = e.backing
-                await self._retarget(e, e.backing)
+                await self._retarget(e, e.backing, claimed=False)
         return results
 
     async def _read_tier(
@@ -1427,7 +1467,7 @@ class TierKV:
                     miss_reason = "evicted_remote" if tier.backend.capabilities.shared else "evicted_local"
                 await self._drop_quietly(e)
                 if e.backing >= 0 and e.backing != e.tier:
-                    await self._retarget(e, e.backing)  # the durable copy below serves the next request
+                    await self._retarget(e, e.backing, claimed=False)  # the durable copy serves the next request
                 else:
                     await self._forget(e, None)
             else:
@@ -1875,6 +1915,16 @@ class TierKV:
         return None
 
     async def _promote(self, e: _Entry, dst: int) -> bool:
+        """:meth:`_promote_claimed` under a relocation claim; False if the block is busy."""
+        src = e.tier
+        if not await self._claim(e, src):
+            return False
+        try:
+            return await self._promote_claimed(e, dst)
+        finally:
+            e.moving = False
+
+    async def _promote_claimed(self, e: _Entry, dst: int) -> bool:
         """Copy a block up to tier ``dst``; a persistent source stays as the
         durable copy, a volatile one is evicted. False if it did not fit."""
         src = e.tier
