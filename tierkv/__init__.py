@@ -19,6 +19,9 @@ from ._backend import (
     SupportsScan,
     SupportsTagLookup,
     TierKind,
+    as_byte_view,
+    check_allocation,
+    validate_key,
 )
 from ._config import KV_DTYPES, Config, TierConfig
 from ._errors import (
@@ -103,4 +106,7 @@ __all__ = [
     "TierUnavailableError",
     "TokensError",
     "__version__",
+    "as_byte_view",
+    "check_allocation",
+    "validate_key",
 ]

@@ -64,6 +64,7 @@ __all__ = [
     "SupportsTagLookup",
     "TierKind",
     "as_byte_view",
+    "check_allocation",
     "validate_key",
 ]
 
@@ -201,6 +202,20 @@ def validate_key(key: object, *, tier: str = "") -> str:
             "expected 1-128 characters from [0-9A-Za-z._-]"
         )
     return key
+
+
+def check_allocation(key: object, nbytes: object, tag: object, *, max_block_bytes: int, tier: str = "") -> None:
+    """Validate the arguments of :meth:`Backend.allocate` as every backend must:
+    a valid key, ``nbytes`` a non-negative int of at most ``max_block_bytes``,
+    ``tag`` bytes of at most :data:`MAX_TAG_BYTES`. Raises :class:`~tierkv.InputError`."""
+    validate_key(key, tier=tier)
+    where = f"[{tier}] " if tier else ""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise InputError(f"{where}nbytes must be a non-negative int, got {nbytes!r}")
+    if nbytes > max_block_bytes:
+        raise InputError(f"{where}block of {nbytes} bytes exceeds max_block_bytes={max_block_bytes}")
+    if not isinstance(tag, (bytes, bytearray)) or len(tag) > MAX_TAG_BYTES:
+        raise InputError(f"{where}tag must be bytes of at most {MAX_TAG_BYTES} bytes")
 
 
 def as_byte_view(data: object, *, writable: bool = False, what: str = "data") -> memoryview:

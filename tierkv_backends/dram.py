@@ -103,6 +103,7 @@ from tierkv._backend import (
     Capabilities,
     TierKind,
     as_byte_view,
+    check_allocation,
     validate_key,
 )
 from tierkv._errors import (
@@ -306,13 +307,7 @@ class DramBackend(Backend):
         return self._arena
 
     def _check_request(self, key: str, nbytes: int, tag: bytes) -> None:
-        validate_key(key, tier=self.name)
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-            raise InputError(f"[{self.name}] nbytes must be a non-negative int, got {nbytes!r}")
-        if nbytes > self._max_block:
-            raise InputError(f"[{self.name}] block of {nbytes} bytes exceeds max_block_bytes={self._max_block}")
-        if not isinstance(tag, (bytes, bytearray)) or len(tag) > MAX_TAG_BYTES:
-            raise InputError(f"[{self.name}] tag must be bytes of at most {MAX_TAG_BYTES} bytes")
+        check_allocation(key, nbytes, tag, max_block_bytes=self._max_block, tier=self.name)
         if key in self._blocks or key in self._reserved:
             raise BlockExistsError(f"a block or reservation exists under {key!r}", tier=self.name)
 

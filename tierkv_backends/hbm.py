@@ -36,7 +36,6 @@ import anyio
 import anyio.to_thread
 
 from tierkv._backend import (
-    MAX_TAG_BYTES,
     Allocation,
     Availability,
     Backend,
@@ -45,6 +44,7 @@ from tierkv._backend import (
     Capabilities,
     TierKind,
     as_byte_view,
+    check_allocation,
     validate_key,
 )
 from tierkv._errors import (
@@ -109,13 +109,7 @@ class HbmPool:
         return self.alloc.used
 
     def reserve(self, key: str, nbytes: int, tag: bytes = b"") -> Allocation:
-        validate_key(key, tier=self.tier)
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-            raise InputError(f"[{self.tier}] nbytes must be a non-negative int, got {nbytes!r}")
-        if nbytes > self.max_block:
-            raise InputError(f"[{self.tier}] {nbytes} bytes exceeds max_block_bytes={self.max_block}")
-        if not isinstance(tag, bytes) or len(tag) > MAX_TAG_BYTES:
-            raise InputError(f"[{self.tier}] tag must be bytes of at most {MAX_TAG_BYTES}")
+        check_allocation(key, nbytes, tag, max_block_bytes=self.max_block, tier=self.tier)
         if key in self.blocks or key in self.pending:
             raise BlockExistsError(f"a block or reservation exists under {key!r}", tier=self.tier)
         ext = self.alloc.allocate(nbytes)

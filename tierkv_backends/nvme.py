@@ -84,6 +84,7 @@ from tierkv._backend import (
     Capabilities,
     TierKind,
     as_byte_view,
+    check_allocation,
     validate_key,
 )
 from tierkv._errors import (
@@ -871,13 +872,7 @@ class NvmeBackend(Backend):
         return self._allocate_now(key, nbytes, tag)
 
     def _allocate_now(self, key: str, nbytes: int, tag: bytes) -> Allocation:
-        validate_key(key, tier=self.name)
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-            raise InputError(f"[{self.name}] nbytes must be a non-negative int, got {nbytes!r}")
-        if nbytes > self._classes[-1]:
-            raise InputError(f"[{self.name}] {nbytes} bytes exceeds max_block_bytes={self._classes[-1]}")
-        if not isinstance(tag, bytes) or len(tag) > MAX_TAG_BYTES:
-            raise InputError(f"[{self.name}] tag must be bytes of at most {MAX_TAG_BYTES}")
+        check_allocation(key, nbytes, tag, max_block_bytes=self._classes[-1], tier=self.name)
         if key in self._index or key in self._pending:
             raise BlockExistsError(f"block {key!r} exists", tier=self.name)
         for sb in self._classes:

@@ -84,7 +84,6 @@ import anyio.to_thread
 import numpy as np
 
 from tierkv._backend import (
-    MAX_TAG_BYTES,
     Allocation,
     Availability,
     Backend,
@@ -94,6 +93,7 @@ from tierkv._backend import (
     Capabilities,
     TierKind,
     as_byte_view,
+    check_allocation,
     validate_key,
 )
 from tierkv._errors import (
@@ -451,13 +451,7 @@ class PfsBackend(Backend):
     async def allocate(self, key: str, nbytes: int, *, tag: bytes = b"") -> Allocation:
         """See :meth:`Backend.allocate`; the reservation counts ``nbytes`` until written."""
         self._check_open()
-        validate_key(key, tier=self.name)
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-            raise InputError(f"[{self.name}] nbytes must be a non-negative int, got {nbytes!r}")
-        if nbytes > self._max_block:
-            raise InputError(f"[{self.name}] block of {nbytes} bytes exceeds max_block_bytes={self._max_block}")
-        if not isinstance(tag, (bytes, bytearray)) or len(tag) > MAX_TAG_BYTES:
-            raise InputError(f"[{self.name}] tag must be bytes of at most {MAX_TAG_BYTES} bytes")
+        check_allocation(key, nbytes, tag, max_block_bytes=self._max_block, tier=self.name)
         if key in self._index or key in self._reserved:
             raise BlockExistsError(f"a block or reservation exists under {key!r}", tier=self.name)
         used = self._physical + self._reserved_bytes

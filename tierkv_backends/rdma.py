@@ -63,6 +63,7 @@ from tierkv._backend import (
     Capabilities,
     TierKind,
     as_byte_view,
+    check_allocation,
     validate_key,
 )
 from tierkv._errors import (
@@ -587,13 +588,7 @@ class RdmaBackend(Backend):
     async def allocate(self, key: str, nbytes: int, *, tag: bytes = b"") -> Allocation:
         """Reserve ``nbytes`` under ``key`` in this client's budget (see the class doc)."""
         self._check_open()
-        validate_key(key, tier=self.name)
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-            raise InputError(f"[{self.name}] nbytes must be a non-negative int, got {nbytes!r}")
-        if nbytes > self._max_block:
-            raise InputError(f"[{self.name}] {nbytes} bytes exceeds max_block_bytes={self._max_block}")
-        if not isinstance(tag, bytes) or len(tag) > MAX_TAG_BYTES:
-            raise InputError(f"[{self.name}] tag must be bytes of at most {MAX_TAG_BYTES}")
+        check_allocation(key, nbytes, tag, max_block_bytes=self._max_block, tier=self.name)
         if key in self._committed or key in self._pending:
             raise BlockExistsError(f"block {key!r} exists", tier=self.name)
         if self._used + nbytes > self._capacity:

@@ -43,6 +43,7 @@ import redis
 from tierkv_conformance import RawMeasurement
 
 from tierkv import (
+    MAX_TAG_BYTES,
     Allocation,
     Availability,
     Backend,
@@ -51,14 +52,17 @@ from tierkv import (
     BlockExistsError,
     BlockInfo,
     BlockNotFoundError,
+    Buffer,
     Capabilities,
     CapacityError,
     InputError,
     IntegrityError,
     PluginUnavailableError,
     TierKind,
+    as_byte_view,
+    check_allocation,
+    validate_key,
 )
-from tierkv._backend import MAX_TAG_BYTES, Buffer, as_byte_view, validate_key
 from tierkv._options import opt_bool, opt_int, opt_size, opt_str, reject_unknown
 
 __all__ = ["RedisBackend"]
@@ -253,13 +257,7 @@ class RedisBackend(Backend):
     # --------------------------------------------------------------------- data
     async def allocate(self, key: str, nbytes: int, *, tag: bytes = b"") -> Allocation:
         self._check_open()
-        validate_key(key, tier=self.name)
-        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-            raise InputError(f"[{self.name}] nbytes must be a non-negative int, got {nbytes!r}")
-        if nbytes > self._max_block:
-            raise InputError(f"[{self.name}] {nbytes} bytes exceed max_block_bytes={self._max_block}")
-        if not isinstance(tag, bytes) or len(tag) > MAX_TAG_BYTES:
-            raise InputError(f"[{self.name}] tag must be bytes of at most {MAX_TAG_BYTES}")
+        check_allocation(key, nbytes, tag, max_block_bytes=self._max_block, tier=self.name)
         if key in self._blocks or key in self._pending:
             raise BlockExistsError(f"block {key!r} exists", tier=self.name)
         if self._used + nbytes > self._capacity:
