@@ -576,7 +576,7 @@ class TierKV:
                 self._sched.chain.observe_size(self._sched.tool, sum(e.nbytes for e in entries))
             self._sched.transition = None  # a hint applies to the next request only
             self._tel.tenant_tokens.add(len(keys) * bt, {"tenant": tid.hex(), "op": "put"})
-            if span is not None:
+            if span is not None and span.is_recording():
                 span.set_attributes(
                     {
                         "tierkv.tokens": len(arr_tokens),
@@ -1188,7 +1188,7 @@ class TierKV:
             block_tiers = [self._serving_tier(e).name for e in entries]
             tiers = tuple(t.name for t in self._tiers if t.name in block_tiers)
             hit = len(entries) * self._block_tokens
-            if span is not None:
+            if span is not None and span.is_recording():
                 span.set_attributes(
                     {
                         "tierkv.tokens": len(arr),
@@ -1285,7 +1285,7 @@ class TierKV:
                 self._prefetched.discard(e.key)
                 self.prefetch_stats["useful"] += 1
                 tel.prefetch.add(1, {"outcome": "useful"})
-        if span is not None:
+        if span is not None and span.is_recording():
             span.set_attributes(
                 {
                     "tierkv.tokens": tokens,
@@ -1448,12 +1448,17 @@ class TierKV:
             return len(entries)
 
         good = await anyio.to_thread.run_sync(assemble)
+        per_tier: dict[int, list[int]] = {}
         for i in range(good):
             e, tier = entries[i], self._tiers[served[i]]
             tier.hits += 1
             tier.bytes_out += e.nbytes
-            self._tel.hits.add(1, {"tier": tier.name})
-            self._tel.bytes_read.add(e.nbytes, {"tier": tier.name})
+            acc = per_tier.setdefault(served[i], [0, 0])
+            acc[0] += 1
+            acc[1] += e.nbytes
+        for ti, (blocks, nbytes) in per_tier.items():  # one observation per tier per request
+            self._tel.hits.add(blocks, {"tier": self._tiers[ti].name})
+            self._tel.bytes_read.add(nbytes, {"tier": self._tiers[ti].name})
         if good < n:
             e, err = entries[good], datas[good]
             tier = self._tiers[e.tier]
@@ -1712,7 +1717,7 @@ class TierKV:
                     e = self._index.get(k)
                     if e is not None and await self._promote_if_room(e, 0, "prefetch"):
                         done += 1
-            if span is not None:
+            if span is not None and span.is_recording():
                 _, tid = self._scope_digest(tenant)
                 span.set_attributes(
                     {
