@@ -30,6 +30,7 @@ from tierkv._backend import (
     TierKind,
     as_byte_view,
     check_allocation,
+    into_view,
     validate_key,
 )
 from tierkv._errors import (
@@ -155,9 +156,7 @@ class RefMemoryBackend(Backend):
         n = self._size_of(entry[0])
         out: memoryview | None = None
         if into is not None:
-            out = as_byte_view(into, writable=True, what="into")
-            if len(out) < n:
-                raise InputError(f"[{self.name}] into holds {len(out)} bytes, block has {n}")
+            out = into_view(into, n, tier=self.name)
         raw = await self._load(key, entry[0])
         self._counters["reads"] += 1
         self._counters["bytes_read"] += n

@@ -21,6 +21,7 @@ from ._backend import (
     TierKind,
     as_byte_view,
     check_allocation,
+    into_view,
     validate_key,
 )
 from ._config import KV_DTYPES, Config, TierConfig
@@ -108,5 +109,6 @@ __all__ = [
     "__version__",
     "as_byte_view",
     "check_allocation",
+    "into_view",
     "validate_key",
 ]

@@ -65,6 +65,7 @@ __all__ = [
     "TierKind",
     "as_byte_view",
     "check_allocation",
+    "into_view",
     "validate_key",
 ]
 
@@ -216,6 +217,16 @@ def check_allocation(key: object, nbytes: object, tag: object, *, max_block_byte
         raise InputError(f"{where}block of {nbytes} bytes exceeds max_block_bytes={max_block_bytes}")
     if not isinstance(tag, (bytes, bytearray)) or len(tag) > MAX_TAG_BYTES:
         raise InputError(f"{where}tag must be bytes of at most {MAX_TAG_BYTES} bytes")
+
+
+def into_view(into: object, nbytes: int, *, tier: str = "") -> memoryview:
+    """The first ``nbytes`` bytes of a caller's ``read(into=...)`` buffer, as a
+    writable contiguous view. Raises :class:`~tierkv.InputError` when ``into`` is
+    read-only, not contiguous or smaller than the block."""
+    mv = as_byte_view(into, writable=True, what="into")
+    if mv.nbytes < nbytes:
+        raise InputError(f"{'[' + tier + '] ' if tier else ''}into has {mv.nbytes} bytes, block has {nbytes}")
+    return mv[:nbytes]
 
 
 def as_byte_view(data: object, *, writable: bool = False, what: str = "data") -> memoryview:

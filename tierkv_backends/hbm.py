@@ -45,6 +45,7 @@ from tierkv._backend import (
     TierKind,
     as_byte_view,
     check_allocation,
+    into_view,
     validate_key,
 )
 from tierkv._errors import (
@@ -369,10 +370,7 @@ class HbmBackend(Backend):
             if into is None:
                 mv = memoryview(bytearray(n))
             else:
-                mv = as_byte_view(into, writable=True, what="into")
-                if len(mv) < n:
-                    raise InputError(f"[{self.name}] into has {len(mv)} bytes, block has {n}")
-                mv = mv[:n]
+                mv = into_view(into, n, tier=self.name)
             return self._host_tensor(mv), mv
 
         out: memoryview = await self._read(key, make)

@@ -85,6 +85,7 @@ from tierkv._backend import (
     TierKind,
     as_byte_view,
     check_allocation,
+    into_view,
     validate_key,
 )
 from tierkv._errors import (
@@ -961,9 +962,7 @@ class NvmeBackend(Backend):
             raise BlockNotFoundError(f"no block {key!r}", tier=self.name)
         dst: memoryview | None = None
         if into is not None:
-            dst = as_byte_view(into, writable=True, what="into")
-            if len(dst) < e.nbytes:
-                raise InputError(f"[{self.name}] into has {len(dst)} bytes, block {key!r} has {e.nbytes}")
+            dst = into_view(into, e.nbytes, tier=self.name)
         e.readers += 1
         try:
             out = await anyio.to_thread.run_sync(self._read_slot, e, key, dst, limiter=self._limiter)

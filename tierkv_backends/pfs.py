@@ -94,6 +94,7 @@ from tierkv._backend import (
     TierKind,
     as_byte_view,
     check_allocation,
+    into_view,
     validate_key,
 )
 from tierkv._errors import (
@@ -517,10 +518,7 @@ class PfsBackend(Backend):
         if into is None:
             out: memoryview = np.empty(rec.nbytes, dtype=np.uint8).data
             return out
-        mv = as_byte_view(into, writable=True, what="into")
-        if mv.nbytes < rec.nbytes:
-            raise InputError(f"[{self.name}] into has {mv.nbytes} bytes, block has {rec.nbytes}")
-        return mv[: rec.nbytes]
+        return into_view(into, rec.nbytes, tier=self.name)
 
     def _lookup(self, key: str) -> _Rec:
         validate_key(key, tier=self.name)

@@ -61,6 +61,7 @@ from tierkv import (
     TierKind,
     as_byte_view,
     check_allocation,
+    into_view,
     validate_key,
 )
 from tierkv._options import opt_bool, opt_int, opt_size, opt_str, reject_unknown
@@ -324,9 +325,7 @@ class RedisBackend(Backend):
             raise BlockNotFoundError(f"no block {key!r}", tier=self.name)
         out: memoryview | None = None
         if into is not None:
-            out = as_byte_view(into, writable=True, what="into")
-            if len(out) < entry[0]:
-                raise InputError(f"[{self.name}] into holds {len(out)} bytes, block has {entry[0]}")
+            out = into_view(into, entry[0], tier=self.name)
         client = self._c
         raw = await self._run(lambda: client.get(self._key(key)), f"read {key!r}")
         if raw is None:
