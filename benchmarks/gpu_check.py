@@ -7,7 +7,9 @@ On a machine without a CUDA GPU it prints why and exits 0 without importing kvik
    ``io = "kvikio"`` (through ``tierkv_conformance._certify.main``), each in a
    subprocess with a time limit;
 2. runs its own loop: HbmBackend host->device, device->device and device->host
-   round trips, and NvmeBackend (kvikio) write/read of 2 MiB blocks, checking bytes;
+   round trips, and NvmeBackend (kvikio) write/read of 2 MiB blocks from host
+   buffers and from device buffers (``write_device`` / ``read_device``: cuFile
+   moves the payload between GPU memory and the file), checking bytes;
 3. prints the io paths, verdicts and MB/s.
 
 Usage: ``python benchmarks/gpu_check.py [--out DIR]``.
@@ -33,6 +35,7 @@ def certify(name: str, out: Path, config: str | None, limit: float) -> str:
         "import sys; from tierkv_conformance._certify import main; sys.exit(main(sys.argv[1:]))",
     ]
     cmd += [name, "--quick", "--out", str(out)]
+    out.mkdir(parents=True, exist_ok=True)
     if config:
         cfg = out / f"{name}.toml"
         cfg.write_text(config)
@@ -69,7 +72,7 @@ async def own_loops(workdir: Path) -> list[str]:
         ok = torch.equal(got.cpu(), host) and bytes(await h.read("h5")) == host.numpy().tobytes()
         lines.append(f"hbm: {h.stats().io_path}; H2D {h2d:.0f} MB/s, D2D {d2d:.0f} MB/s, bytes ok={ok}")
     async with await NvmeBackend.open(
-        {"path": str(workdir / "nvme-own"), "capacity": "256MiB", "slot_bytes": "2MiB", "io": "kvikio"}
+        {"path": str(workdir / "nvme-own"), "capacity": "512MiB", "slot_bytes": "2MiB", "io": "kvikio"}
     ) as b:
         data = host.numpy()
         t = time.perf_counter()
@@ -82,7 +85,24 @@ async def own_loops(workdir: Path) -> list[str]:
             await b.read(f"n{i}", into=buf)
         rd = count * n / (time.perf_counter() - t) / 1e6
         ok = bytes(buf) == data.tobytes()
-        lines.append(f"nvme: {b.stats().io_path}; write {wr:.0f} MB/s, read {rd:.0f} MB/s (QD1), bytes ok={ok}")
+        lines.append(
+            f"nvme host buffers: {b.stats().io_path}; write {wr:.0f} MB/s, read {rd:.0f} MB/s (QD1), bytes ok={ok}"
+        )
+        # device buffers <-> file through cuFile (write_device / read_device), wsum32 checked on the GPU
+        t = time.perf_counter()
+        for i in range(count):
+            await b.write_device(await b.allocate(f"g{i}", n), dev)
+        dwr = count * n / (time.perf_counter() - t) / 1e6
+        dout = torch.empty(n, dtype=torch.uint8, device="cuda")
+        t = time.perf_counter()
+        for i in range(count):
+            await b.read_device(f"g{i}", into=dout)
+        drd = count * n / (time.perf_counter() - t) / 1e6
+        ok = torch.equal(dout, dev) and bytes(await b.read("g7")) == data.tobytes()
+        lines.append(
+            f"nvme device buffers: {b.stats().io_path}; write_device {dwr:.0f} MB/s, "
+            f"read_device {drd:.0f} MB/s (QD1), bytes ok={ok}"
+        )
     return lines
 
 

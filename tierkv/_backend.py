@@ -475,8 +475,12 @@ class SupportsScan(Protocol):
 
 @runtime_checkable
 class SupportsDeviceIO(Protocol):
-    """A device-resident backend moves blocks to and from accelerator tensors
-    without a host bounce."""
+    """A backend that moves blocks to and from accelerator tensors: every
+    device-resident backend (HBM, without a host bounce), and storage tiers with
+    a direct path (NVMe through kvikio/GPUDirect Storage; on its POSIX path it
+    bounces through host memory). Same errors, durability and cancellation as
+    ``write`` / ``read``; a tensor that is not a contiguous device tensor of the
+    right size raises InputError."""
 
     async def write_device(self, allocation: Allocation, tensor: Any) -> None:
         """Like :meth:`Backend.write` from a device tensor (uint8, contiguous)."""

@@ -762,20 +762,26 @@ class BackendConformance:
 
     # ============================================================== device I/O
     async def test_device_round_trip(self, backend: Backend) -> None:
-        self.require(backend.capabilities.device_resident, "capability: backend is not device_resident")
+        self.require(isinstance(backend, SupportsDeviceIO), "capability: backend has no device I/O")
         self.require(importlib.util.find_spec("torch") is not None, "torch is not installed")
         import torch
 
         self.require(bool(torch.cuda.is_available()), "no CUDA device visible to torch")
         assert isinstance(backend, SupportsDeviceIO)
-        src = torch.arange(4096, dtype=torch.uint8, device="cuda")
-        key = block_key("dev")
-        a = await backend.allocate(key, src.numel())
-        await backend.write_device(a, src)
-        out = torch.zeros_like(src)
-        await backend.read_device(key, into=out)
-        assert bool(torch.equal(out, src))
-        assert bytes(await backend.read(key)) == src.cpu().numpy().tobytes()
+        for n in (4096, 3 * 4096 + 5):
+            src = (torch.arange(n, device="cuda") % 251).to(torch.uint8)
+            key = block_key(f"dev{n}")
+            a = await backend.allocate(key, n)
+            await backend.write_device(a, src)
+            out = torch.zeros(n + 7, dtype=torch.uint8, device="cuda")
+            got = await backend.read_device(key, into=out)
+            assert bool(torch.equal(out[:n], src)) and bool(torch.equal(got.reshape(-1)[:n], src))
+            assert bytes(await backend.read(key)) == src.cpu().numpy().tobytes()
+            host = bytes(range(256)) * (n // 256) + bytes(n % 256)  # host-written, read to the device
+            hkey = block_key(f"host{n}")
+            await backend.write(await backend.allocate(hkey, n), host)
+            got = await backend.read_device(hkey, into=out)
+            assert got.reshape(-1)[:n].cpu().numpy().tobytes() == host
 
     # ====================================================== stateful (hypothesis)
     def test_stateful_against_dict_model(
