@@ -131,3 +131,27 @@ async def test_device_round_trips() -> None:
             assert torch.equal(got.cpu(), host)
         with pytest.raises(InputError):
             await b.read_device("d4096", into=torch.empty(10, dtype=torch.uint8, device="cuda"))
+
+
+@pytest.mark.skipif(not HAVE_CUDA, reason="needs a CUDA device")
+async def test_batches_all_or_nothing_and_raw_reference() -> None:
+    import torch
+
+    async with await HbmBackend.open({"capacity": "64MiB"}) as b:
+        datas = [bytes([i]) * n for i, n in enumerate((0, 5, 4096, 70001, 1 << 20))]
+        allocs = await b.allocate_many([(f"k{i}", len(d), b"") for i, d in enumerate(datas)])
+        await b.write_many(allocs, datas)
+        outs = [bytearray(len(d) + 3) for d in datas]
+        got = await b.read_many([f"k{i}" for i in range(len(datas))], into=outs)
+        assert [bytes(g) for g in got] == datas
+        used = b.stats().used_bytes
+        allocs = await b.allocate_many([("x0", 10, b""), ("x1", 10, b"")])
+        with pytest.raises(InputError):  # wrong length: nothing claimed, reservations kept for a retry
+            await b.write_many(allocs, [bytes(10), bytes(9)])
+        await b.write_many(allocs, [bytes(10), bytes(10)])
+        with pytest.raises(BlockNotFoundError):
+            await b.read_many(["k1", "missing"])
+        assert b.stats().used_bytes > used
+        m = await b.raw_reference("write", 1 << 20, 8, 1)
+        assert m.nbytes == 8 << 20 and m.seconds > 0 and "copy_" in m.method
+        assert torch.cuda.is_available()
