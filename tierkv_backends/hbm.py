@@ -297,7 +297,14 @@ class HbmBackend(Backend):
     def _host_tensor(self, mv: memoryview) -> Any:
         import numpy as np
 
-        return self._torch.from_numpy(np.frombuffer(mv, dtype=np.uint8))
+        arr = np.frombuffer(mv, dtype=np.uint8)
+        if not mv.readonly:
+            return self._torch.from_numpy(arr)
+        import warnings
+
+        with warnings.catch_warnings():  # a read-only source is only ever copied from
+            warnings.simplefilter("ignore", UserWarning)
+            return self._torch.from_numpy(arr)
 
     def _check_device_tensor(self, t: Any, nbytes: int, what: str, *, writable: bool = False) -> Any:
         torch = self._torch
@@ -467,8 +474,9 @@ class HbmBackend(Backend):
     async def raw_reference(self, op: str, block_bytes: int, count: int, concurrency: int) -> Any:
         """The conformance envelope's reference for this medium: plain ``Tensor.copy_`` of
         ``count`` blocks between pageable host buffers (the same kind the tier gets from a
-        caller) and a separate device buffer, on one stream, synchronised once at the end
-        (the best a bare torch loop does), without this tier's bookkeeping."""
+        caller) and a separate device buffer, on one stream, synchronised once per 8 MiB
+        (the envelope's batch, after which the tier's batch call returns), without this
+        tier's bookkeeping."""
         self._live()
         return await anyio.to_thread.run_sync(self._raw_copy, op, block_bytes, count, limiter=self._limiter)
 
@@ -484,15 +492,18 @@ class HbmBackend(Backend):
         hosts = [torch.from_numpy(r) for r in ring]
         stream = torch.cuda.Stream(device=self._mem.device)  # type: ignore[no-untyped-call]
         torch.cuda.synchronize(self._mem.device)
+        per = len(hosts)  # blocks per 8 MiB batch: the tier syncs once per batch call too
         t0 = time.perf_counter()
         with torch.cuda.stream(stream):
             for i in range(count):
                 d = dev[i * block_bytes : (i + 1) * block_bytes]
-                h = hosts[i % len(hosts)]
+                h = hosts[i % per]
                 if op == "write":
                     d.copy_(h, non_blocking=True)
                 else:
                     h.copy_(d, non_blocking=True)
+                if (i + 1) % per == 0:
+                    stream.synchronize()
         stream.synchronize()
         dt = time.perf_counter() - t0
         del dev
