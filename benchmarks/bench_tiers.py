@@ -5,9 +5,10 @@
 DRAM: batched ``allocate_many + write_many`` (put) and ``read_many(into=...)``
 (get) against ``np.copyto`` of the same blocks into a preallocated destination.
 PFS: batched put (content file + record, fsync) against ``os.pwrite`` + ``fsync``
-of one new file per block, and batched get (read + sha256 check) against
+of one new file per block, and batched get (read + xxh3 check) against
 ``os.pread`` of the same files, hot (page cache) and cold (pages dropped with
-``posix_fadvise(DONTNEED)`` before each repetition, for both sides).
+``posix_fadvise(DONTNEED)`` before each repetition, for both sides). The raw
+side is the faster of one thread and the tier's concurrency (8 threads).
 Every figure is the median of at least 5 repetitions; ratio = raw time / tier time.
 """
 
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +127,7 @@ def _drop_cache(paths: list[Path]) -> None:
 async def bench_pfs(root: Path, total: int, reps: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     b = await PfsBackend.open({"path": str(root / "store"), "capacity": 4 * total + 64 * MiB})
+    pool = ThreadPoolExecutor(b.capabilities.max_concurrency)
     rawdir = root / "raw"
     rawdir.mkdir(exist_ok=True)
     rng = np.random.default_rng(1)
@@ -135,33 +138,48 @@ async def bench_pfs(root: Path, total: int, reps: int) -> list[dict[str, Any]]:
         items = [(k, size, b"") for k in keys]
         rawpaths = [rawdir / f"{size}-{i}" for i in range(n)]
 
+        def put_one(p: Path, s: Any) -> None:
+            fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.pwrite(fd, s.data, 0)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        def get_one(p: Path, size: int = size) -> None:
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.pread(fd, size, 0)
+            finally:
+                os.close(fd)
+
         def raw_put(rawpaths: list[Path] = rawpaths, srcs: list[Any] = srcs) -> None:
             for p, s in zip(rawpaths, srcs, strict=True):
-                fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                try:
-                    os.pwrite(fd, s.data, 0)
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                put_one(p, s)
 
-        def raw_get(rawpaths: list[Path] = rawpaths, size: int = size) -> None:
+        def raw_get(rawpaths: list[Path] = rawpaths) -> None:
             for p in rawpaths:
-                fd = os.open(p, os.O_RDONLY)
-                try:
-                    os.pread(fd, size, 0)
-                finally:
-                    os.close(fd)
+                get_one(p)
 
-        t_raw_put = _median_time(raw_put, reps)
+        def raw_put_par(rawpaths: list[Path] = rawpaths, srcs: list[Any] = srcs) -> None:
+            list(pool.map(put_one, rawpaths, srcs))
+
+        def raw_get_par(rawpaths: list[Path] = rawpaths) -> None:
+            list(pool.map(get_one, rawpaths))
+
+        # the raw reference is the better of one thread and the tier's concurrency (8 threads)
+        t_raw_put = min(_median_time(raw_put, reps), _median_time(raw_put_par, reps))
         raw_get()
-        t_raw_get = _median_time(raw_get, reps)
-        ts = []
-        for _ in range(reps):
-            _drop_cache(rawpaths)
-            t0 = time.perf_counter()
-            raw_get()
-            ts.append(time.perf_counter() - t0)
-        t_raw_cold = statistics.median(ts)
+        t_raw_get = min(_median_time(raw_get, reps), _median_time(raw_get_par, reps))
+        t_raw_cold = float("inf")
+        for fn in (raw_get, raw_get_par):
+            ts = []
+            for _ in range(reps):
+                _drop_cache(rawpaths)
+                t0 = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t0)
+            t_raw_cold = min(t_raw_cold, statistics.median(ts))
 
         async def put(items: list[tuple[str, int, bytes]] = items, srcs: list[Any] = srcs) -> None:
             allocs = await b.allocate_many(items)
@@ -189,7 +207,7 @@ async def bench_pfs(root: Path, total: int, reps: int) -> list[dict[str, Any]]:
                 "tier": "pfs",
                 "block_bytes": size,
                 "blocks_per_call": n,
-                "raw": "os.pwrite+fsync / os.pread",
+                "raw": "os.pwrite+fsync / os.pread, the better of 1 thread and 8 threads",
                 "raw_put_MBps": n * size / t_raw_put / 1e6,
                 "put_MBps": n * size / t_put / 1e6,
                 "raw_get_hot_MBps": n * size / t_raw_get / 1e6,
@@ -202,6 +220,7 @@ async def bench_pfs(root: Path, total: int, reps: int) -> list[dict[str, Any]]:
             }
         )
     await b.aclose()
+    pool.shutdown()
     return rows
 
 
@@ -227,7 +246,9 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(dir=args.pfs_dir) as d:
         prow = await bench_pfs(Path(d), (8 if args.quick else 32) * MiB, reps)
     where = args.pfs_dir or tempfile.gettempdir()
-    print(f"\nPFS tier vs os.pwrite+fsync / os.pread on {where} (median of {reps}; get = read + sha256 verify)")
+    print(
+        f"\nPFS tier vs os.pwrite+fsync / os.pread on {where} (median of {reps}; get = read + xxh3 verify; raw = best of 1 and 8 threads)"
+    )
     print(
         f"{'block':>8} {'blocks':>6} {'rawput MB/s':>11} {'put MB/s':>9} {'put x':>6} {'rawget hot':>10}"
         f" {'get hot':>8} {'hot x':>6} {'rawget cold':>11} {'get cold':>8} {'cold x':>6}"

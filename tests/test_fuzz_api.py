@@ -288,7 +288,7 @@ def test_corrupted_tier_files_never_serve_wrong_bytes(store: Store, target: str,
     if target.startswith("pfs"):
         objs = sorted((root / "pfs" / "objects").rglob("*"))
         objs = [p for p in objs if p.is_file()]
-        recs = sorted(p for p in (root / "pfs" / "keys").iterdir() if p.is_file())
+        recs = sorted(p for p in (root / "pfs" / "keys").iterdir() if p.is_symlink() or p.is_file())
         if target == "pfs_object" and objs:
             p = rng.choice(objs)
             b = bytearray(p.read_bytes())
@@ -297,9 +297,20 @@ def test_corrupted_tier_files_never_serve_wrong_bytes(store: Store, target: str,
             p.write_bytes(bytes(b[: rng.choice([len(b), len(b) // 2])]))
         elif target == "pfs_record" and recs:
             p = rng.choice(recs)
-            p.write_bytes(
-                rng.choice([b"", b"{not json", b'{"v": 1, "sha256": "00", "nbytes": -3, "tag": "zz"}', os.urandom(64)])
-            )
+            p.unlink()  # records are links (format 2) or files (format 1): replace it by a damaged one
+            if rng.random() < 0.5:
+                p.write_bytes(
+                    rng.choice(
+                        [b"", b"{not json", b'{"v": 1, "sha256": "00", "nbytes": -3, "tag": "zz"}', os.urandom(64)]
+                    )
+                )
+            else:
+                os.symlink(
+                    rng.choice(
+                        ["tierkv-rec2/00/-3/-/zz", "tierkv-rec2/" + "0" * 64 + "/7/-", "tierkv-rec2/", "x" * 300]
+                    ),
+                    p,
+                )
         else:
             (root / "pfs" / "keys" / ("f" * 64)).write_bytes(os.urandom(100))
     else:

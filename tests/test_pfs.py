@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
 from pathlib import Path
@@ -238,3 +239,92 @@ def test_default_options(tmp_path: Path) -> None:
     opts = PfsBackend.default_options(tmp_path)
     assert opts["path"].startswith(str(tmp_path))
     assert PfsBackend.probe().usable
+
+
+async def test_records_are_links_and_version1_records_still_read(tmp_path: Path) -> None:
+    data = _rand(5000, 7)
+    tag = bytes(range(256))  # the largest tag fits in a link target
+    async with await _open(tmp_path) as b:
+        await _put(b, "new", data, tag=tag)
+        link = tmp_path / "keys" / "new"
+        assert link.is_symlink() and os.readlink(link).startswith("tierkv-rec2/")
+        sha = await b.content_hash("new")
+    # a record file written by format 1 pointing at the same content, and junk links
+    record = {"v": 1, "sha256": sha, "nbytes": len(data), "tag": "abcd", "xxh3": ""}
+    (tmp_path / "keys" / "old").write_text(json.dumps(record))
+    os.symlink("somebody-else:xyz", tmp_path / "keys" / "foreign")
+    async with await _open(tmp_path) as b2:
+        infos = {i.key: i for i in await b2.scan()}
+        assert set(infos) == {"new", "old"}
+        assert infos["new"].tag == tag and infos["old"].tag == bytes.fromhex("abcd")
+        assert bytes(await b2.read("old")) == data == bytes(await b2.read("new"))
+        assert (tmp_path / "keys" / "foreign").is_symlink()  # not ours: left alone
+
+
+async def test_read_many_hot_and_cold_paths_agree(tmp_path: Path) -> None:
+    blocks = {f"h{i}": _rand(3000 * i + 17, i) for i in range(1, 12)}
+    async with await _open(tmp_path) as b:
+        for k, v in blocks.items():
+            await _put(b, k, v)
+        hot = await b.read_many(list(blocks))
+        for p in (tmp_path / "objects").rglob("*"):  # drop the pages: the cold pass serves them
+            if p.is_file():
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+        cold = await b.read_many(list(blocks), into=[bytearray(len(v)) for v in blocks.values()])
+        assert [bytes(x) for x in hot] == [bytes(x) for x in cold] == list(blocks.values())
+
+
+async def test_write_many_group_commit_mixed_failures_and_restart(tmp_path: Path) -> None:
+    async with await _open(tmp_path) as b:
+        datas = [_rand(9000 + i, i % 2) for i in range(6)]  # two of them share content with others
+        allocs = await b.allocate_many([(f"g{i}", len(d), f"t{i}".encode()) for i, d in enumerate(datas)])
+        stale = await b.allocate("stale", 10)
+        await b.evict("stale")  # its reservation is gone: that block fails, the others commit
+        bad = await b.allocate("short", 100)
+        with pytest.raises(E.BlockNotFoundError):
+            await b.write_many([*allocs, stale, bad], [*datas, bytes(10), bytes(99)])
+        for i, d in enumerate(datas):
+            assert bytes(await b.read(f"g{i}")) == d
+        assert not await b.contains("short") and not await b.contains("stale")
+        assert b.stats().reserved_bytes == 0  # the wrong-length reservation was released
+        assert all((tmp_path / "keys" / f"g{i}").is_symlink() for i in range(6))
+    async with await _open(tmp_path) as b2:
+        infos = {i.key: i.tag for i in await b2.scan()}
+        assert infos == {f"g{i}": f"t{i}".encode() for i in range(6)}
+
+
+async def test_cancel_mid_write_many_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    b = await _open(tmp_path)
+    started = threading.Event()
+    release = threading.Event()
+    real = PfsBackend._put_share
+
+    def slow_commit(self: PfsBackend, *args: Any) -> Any:
+        started.set()
+        release.wait(5)
+        return real(self, *args)
+
+    monkeypatch.setattr(PfsBackend, "_put_share", slow_commit)
+    allocs = await b.allocate_many([(f"c{i}", 50_000, b"") for i in range(5)])
+    with anyio.move_on_after(5) as outer:
+        async with anyio.create_task_group() as tg:
+
+            async def writer() -> None:
+                await b.write_many(allocs, [_rand(50_000, i) for i in range(5)])
+
+            tg.start_soon(writer)
+            while not started.is_set():  # noqa: ASYNC110 - set by a worker thread
+                await anyio.sleep(0.001)
+            tg.cancel_scope.cancel()
+            release.set()
+    assert not outer.cancelled_caught
+    assert b.stats().used_bytes == 0 and b.stats().reserved_bytes == 0
+    assert _objects(tmp_path) == [] and os.listdir(tmp_path / "keys") == []
+    assert os.listdir(tmp_path / "tmp") == []
+    await b.aclose()
+    async with await _open(tmp_path) as b2:
+        assert await b2.scan() == []

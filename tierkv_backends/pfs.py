@@ -16,15 +16,23 @@ Options:
 
 Layout (all under ``path``)::
 
-    objects/ab/<sha256>   content files, named by the sha256 of their bytes
-    keys/<key>            one small record per key: {"v", "sha256", "nbytes", "tag", "xxh3"} (JSON)
+    objects/<sha256>      content files, named by the sha256 of their bytes (one flat
+                          directory, so a batch syncs one directory; stores of layout 1,
+                          objects/ab/<sha256>, are moved up when opened)
+    keys/<key>            one record per key: a symbolic link whose target is the text
+                          "tierkv-rec2/<sha256>/<nbytes>/<xxh3-128>[/<tag hex>...]" (records of
+                          version 1, JSON files {"v", "sha256", "nbytes", "tag", "xxh3"}, are
+                          still read)
     tmp/<host>.<pid>.<rand>.tmp   files being written
     quarantine/<sha256>.<ns>      content files that failed verification
 
-Publish: the content file (unless identical content is already there) and then
-the record are each written to ``tmp/``, fsynced, renamed into place, and their
-directory fsynced. A block is committed once its record is renamed; a crash
-leaves either nothing or a stray temp file / unreferenced content file.
+Publish: the content file (unless identical content is already there) is
+written to ``tmp/``, fsynced, renamed into ``objects/`` and that directory fsynced; then
+the record link is created in ``tmp/``, renamed over ``keys/<key>`` and
+``keys/`` fsynced. A link is pure metadata, so the record costs no data fsync
+(half the syncs of a record file). A block is committed once its record is
+renamed; a crash leaves either nothing or a stray temp file / unreferenced
+content file.
 
 Dedup: keys holding identical bytes share one content file, reference-counted
 in memory among the keys this instance knows; the file is deleted when its
@@ -115,6 +123,9 @@ _KNOWN = frozenset({"path", "capacity", "fsync", "max_concurrency", "max_block_b
 _TMP_MAX_AGE_S = 3600.0
 _ORPHAN_MAX_AGE_S = 600.0
 _HOST = socket.gethostname().replace(".", "_") or "host"
+_RWF_NOWAIT: int = getattr(os, "RWF_NOWAIT", 0)
+#: a batch read first reads what the page cache holds in one worker-thread hop per this many bytes
+_HOT_GROUP_BYTES = 4 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +134,28 @@ class _Rec:
     nbytes: int
     tag: bytes
     check: str = ""  # xxh3-128 of the content ("" in records of older versions: sha256 is checked)
+
+
+_LINK_PREFIX = "tierkv-rec2"
+
+
+def _record_text(sha: str, nbytes: int, tag: bytes, check: str) -> str:
+    """A record as the target text of a symbolic link ``keys/<key>`` (format 2):
+    ``tierkv-rec2/<sha256>/<nbytes>/<xxh3>[/<tag hex, in parts of 200>...]``. Every
+    component is short and ``keys/tierkv-rec2`` is not a directory, so following
+    the link fails with ENOENT (tools that stat it see a dangling link)."""
+    h = tag.hex()
+    parts = [_LINK_PREFIX, sha, str(nbytes), check or "-"] + [h[i : i + 200] for i in range(0, len(h), 200)]
+    return "/".join(parts)
+
+
+def _parse_record(text: str) -> _Rec:
+    """Inverse of :func:`_record_text`; ValueError for anything else (left alone by a scan)."""
+    parts = text.split("/")
+    if len(parts) < 4 or parts[0] != _LINK_PREFIX:
+        raise ValueError("not a tierkv record link")
+    check = "" if parts[3] == "-" else parts[3]
+    return _Rec(parts[1], int(parts[2]), bytes.fromhex("".join(parts[4:])), check)
 
 
 def _fast_check(data: memoryview) -> str:
@@ -231,7 +264,7 @@ class PfsBackend(Backend):
 
     # -------------------------------------------------------------- file layer
     def _obj(self, sha: str) -> Path:
-        return self._root / "objects" / sha[:2] / sha
+        return self._root / "objects" / sha
 
     def _key_path(self, key: str) -> Path:
         return self._root / "keys" / key
@@ -245,7 +278,7 @@ class PfsBackend(Backend):
         finally:
             os.close(fd)
 
-    def _atomic_write(self, dst: Path, data: memoryview | bytes) -> None:
+    def _atomic_write(self, dst: Path, data: memoryview | bytes, *, sync_dir: bool = True) -> None:
         name = f"{_HOST}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
         tmp = self._root / "tmp" / name
         self._inflight_tmp.add(name)
@@ -261,7 +294,8 @@ class PfsBackend(Backend):
             finally:
                 os.close(fd)
             os.rename(tmp, dst)
-            self._fsync_dir(dst.parent)
+            if sync_dir:
+                self._fsync_dir(dst.parent)
         except BaseException:
             try:
                 os.unlink(tmp)
@@ -279,13 +313,80 @@ class PfsBackend(Backend):
         except FileNotFoundError:
             created = True
         if created:
-            if not obj.parent.is_dir():
-                obj.parent.mkdir(exist_ok=True)
-                self._fsync_dir(obj.parent.parent)
             self._atomic_write(obj, src)
-        rec = json.dumps({"v": 1, "sha256": sha, "nbytes": len(src), "tag": tag.hex(), "xxh3": check}).encode()
-        self._atomic_write(self._key_path(key), rec)
+        self._link_record(key, _record_text(sha, len(src), tag, check))
         return created
+
+    def _link_record(self, key: str, text: str, *, sync_dir: bool = True) -> None:
+        """Publish a record as a symbolic link whose target is the record text: one
+        metadata operation, made durable by the fsync of ``keys/`` (no data fsync).
+        ``symlink`` is atomic and fails if the name exists; only then (a record of this
+        key left by another process) the link is made in ``tmp/`` and renamed over it."""
+        try:
+            os.symlink(text, self._key_path(key))
+        except FileExistsError:
+            pass
+        else:
+            if sync_dir:
+                self._fsync_dir(self._root / "keys")
+            return
+        name = f"{_HOST}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+        tmp = self._root / "tmp" / name
+        self._inflight_tmp.add(name)
+        try:
+            os.symlink(text, tmp)
+            os.rename(tmp, self._key_path(key))
+            if sync_dir:
+                self._fsync_dir(self._root / "keys")
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        finally:
+            self._inflight_tmp.discard(name)
+
+    def _put_share(
+        self, jobs: list[tuple[str, memoryview, list[tuple[int, str, str]]]]
+    ) -> dict[int, BaseException | None]:
+        """Batch phase 1, one worker thread per share of the batch. For each distinct content
+        of the share: unless it is already there, write it to ``tmp/``, fsync, rename into
+        ``objects/``; then sync ``objects/`` once (also when every content existed: another
+        writer may not have synced its rename yet); then link the records of the share's
+        blocks whose content is durable (``keys/`` is synced once per batch, by the caller).
+        Per block (by its index in the batch) its exception or None."""
+        out: dict[int, BaseException | None] = {}
+        ok: list[tuple[str, str, list[tuple[int, str, str]]]] = []
+        for sha, src, links in jobs:
+            obj = self._obj(sha)
+            try:
+                try:
+                    exists = os.stat(obj).st_size == len(src)
+                except FileNotFoundError:
+                    exists = False
+                if not exists:
+                    self._atomic_write(obj, src, sync_dir=False)
+                ok.append((sha, "", links))
+            except Exception as exc:
+                for i, _, _ in links:
+                    out[i] = exc
+        if ok:
+            try:
+                self._fsync_dir(self._root / "objects")
+            except OSError as exc:
+                for _, _, links in ok:
+                    for i, _, _ in links:
+                        out[i] = exc
+                return out
+        for _, _, links in ok:
+            for i, key, text in links:
+                try:
+                    self._link_record(key, text, sync_dir=False)
+                    out[i] = None
+                except Exception as exc:
+                    out[i] = exc
+        return out
 
     def _unlink(self, paths: Sequence[Path]) -> None:
         dirs: set[Path] = set()
@@ -298,10 +399,12 @@ class PfsBackend(Backend):
         for d in dirs:
             self._fsync_dir(d)
 
-    def _read_file(self, sha: str, n: int, dst: memoryview, check: str = "") -> str:
+    def _read_file(self, sha: str, n: int, dst: memoryview, check: str = "", *, nowait: bool = False) -> str:
         """Read and verify (xxh3-128 from the record, or sha256 for records
         without one); returns "ok", "missing" or "corrupt" (then the file is
-        quarantined)."""
+        quarantined). With ``nowait`` (Linux ``RWF_NOWAIT``) it returns "cold"
+        instead of waiting for the medium when the bytes are not all in the page
+        cache (nothing verified, ``dst`` undefined): the caller reads it again."""
         path = self._obj(sha)
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -310,6 +413,15 @@ class PfsBackend(Backend):
         try:
             ok = os.fstat(fd).st_size == n
             got = 0
+            if ok and nowait and n:
+                try:
+                    got = os.preadv(fd, [dst], 0, _RWF_NOWAIT)
+                except BlockingIOError:
+                    return "cold"
+                except OSError:
+                    got = 0  # RWF_NOWAIT unsupported here: read normally
+                if 0 < got < n:
+                    return "cold"
             while ok and got < n:
                 r = os.preadv(fd, [dst[got:]], got)
                 if r == 0:
@@ -343,14 +455,19 @@ class PfsBackend(Backend):
                     os.unlink(e.path)
             except FileNotFoundError:
                 pass
+        self._migrate_shards()
         found: dict[str, _Rec] = {}
         for e in os.scandir(root / "keys"):
-            if not e.name or len(e.name) > 128 or e.name.startswith(".") or not e.is_file():
+            link = e.is_symlink()
+            if not e.name or len(e.name) > 128 or e.name.startswith(".") or not (link or e.is_file()):
                 continue  # not ours (NFS silly-rename files, editors); leave it alone
             try:
-                with open(e.path, "rb") as f:
-                    d = json.loads(f.read(4096))
-                rec = _Rec(str(d["sha256"]), int(d["nbytes"]), bytes.fromhex(d["tag"]), str(d.get("xxh3", "")))
+                if link:
+                    rec = _parse_record(os.readlink(e.path))
+                else:  # a JSON record file of version 1
+                    with open(e.path, "rb") as f:
+                        d = json.loads(f.read(4096))
+                    rec = _Rec(str(d["sha256"]), int(d["nbytes"]), bytes.fromhex(d["tag"]), str(d.get("xxh3", "")))
                 if len(rec.sha) != 64 or os.stat(self._obj(rec.sha)).st_size != rec.nbytes:
                     raise ValueError("content length mismatch")
             except FileNotFoundError:
@@ -364,16 +481,32 @@ class PfsBackend(Backend):
                 continue
             found[e.name] = rec
         referenced = {r.sha for r in found.values()} | known
-        for sub in os.scandir(root / "objects"):
-            if not sub.is_dir():
+        for e in os.scandir(root / "objects"):
+            try:
+                if e.is_file() and e.name not in referenced and now - e.stat().st_mtime > _ORPHAN_MAX_AGE_S:
+                    os.unlink(e.path)
+            except FileNotFoundError:
+                pass
+        return found
+
+    def _migrate_shards(self) -> None:
+        """Layout 1 kept content in ``objects/ab/<sha>``; layout 2 is flat (one directory to
+        sync per batch). Move such files up (atomic renames), sync, remove the shard."""
+        objects = self._root / "objects"
+        moved = False
+        for sub in os.scandir(objects):
+            if not sub.is_dir(follow_symlinks=False) or len(sub.name) != 2:
                 continue
             for e in os.scandir(sub.path):
-                try:
-                    if e.name not in referenced and now - e.stat().st_mtime > _ORPHAN_MAX_AGE_S:
-                        os.unlink(e.path)
-                except FileNotFoundError:
-                    pass
-        return found
+                if len(e.name) == 64 and e.is_file(follow_symlinks=False):
+                    os.rename(e.path, objects / e.name)
+                    moved = True
+            if moved:
+                self._fsync_dir(objects)
+            try:
+                os.rmdir(sub.path)
+            except OSError:
+                pass  # something else in there: left alone
 
     # ----------------------------------------------------------- index helpers
     def _ref(self, sha: str, n: int) -> None:
@@ -498,21 +631,26 @@ class PfsBackend(Backend):
             if self._closed:
                 raise BackendClosedError("backend closed during the write", tier=self.name)
         except BaseException:
-            self._release(key, res)
-            paths: list[Path] = [self._key_path(key)] if published else []
-            deleting: str | None = None
-            if sha is not None and self._unref(sha) and sha not in self._deleting:
-                paths.append(self._obj(sha))
-                deleting = sha
-                self._deleting[sha] = anyio.Event()
-            if paths:
-                await self._remove_files(paths, deleting)
+            await self._abort_write(key, res, sha, published)
             raise
         del self._reserved[key]
         res.writing = False
         self._index[key] = _Rec(digest, res.nbytes, res.tag, check)
         self._writes += 1
         self._bytes_written += res.nbytes
+
+    async def _abort_write(self, key: str, res: _Res, sha: str | None, published: bool) -> None:
+        """Undo a write that failed or was cancelled: release the reservation, drop the
+        content claim, and unlink (shielded) what it may have published."""
+        self._release(key, res)
+        paths: list[Path] = [self._key_path(key)] if published else []
+        deleting: str | None = None
+        if sha is not None and self._unref(sha) and sha not in self._deleting:
+            paths.append(self._obj(sha))
+            deleting = sha
+            self._deleting[sha] = anyio.Event()
+        if paths:
+            await self._remove_files(paths, deleting)
 
     def _target(self, rec: _Rec, into: Buffer | None) -> memoryview:
         if into is None:
@@ -527,8 +665,8 @@ class PfsBackend(Backend):
             raise BlockNotFoundError(f"no block under {key!r}", tier=self.name)
         return rec
 
-    def _read_group(self, jobs: list[tuple[_Rec, memoryview]]) -> list[str]:
-        return [self._read_file(rec.sha, rec.nbytes, out, rec.check) for rec, out in jobs]
+    def _read_group(self, jobs: list[tuple[_Rec, memoryview]], nowait: bool = False) -> list[str]:
+        return [self._read_file(rec.sha, rec.nbytes, out, rec.check, nowait=nowait) for rec, out in jobs]
 
     async def _settle(self, key: str, rec: _Rec, status: str) -> None:
         """Turn a non-ok read status into the contract's error (dropping what must go)."""
@@ -626,22 +764,125 @@ class PfsBackend(Backend):
 
     # -------------------------------------------------------------- batch twins
     async def write_many(self, allocations: Sequence[Allocation], datas: Sequence[Buffer]) -> None:
-        """Writes up to ``max_concurrency`` blocks in parallel; each commits
-        independently. On failure the others still complete; the first error is raised."""
+        """Write several blocks with one group commit: hash every block (``max_concurrency``
+        threads); in the same number of threads write, fsync and rename the new content
+        files, sync ``objects/`` once per thread and link the records; then sync ``keys/``
+        once for the batch. Durability is that
+        of :meth:`write` (every block is durable when this returns), with one ``keys/``
+        sync per batch instead of one per block.
+
+        Each block commits or fails independently (a wrong length, an unknown or
+        evicted reservation, an I/O error); the others still complete and the first
+        error is raised at the end. Cancellation waits for the threads, then undoes
+        every block of the batch (shielded), as :meth:`write` does for one."""
         if len(allocations) != len(datas):
             raise InputError(f"write_many: {len(allocations)} allocations but {len(datas)} buffers")
         self._check_open()
         errors: list[Exception] = []
+        items: list[tuple[str, _Res, memoryview]] = []
+        for a, d in zip(allocations, datas, strict=True):
+            key = a.key if isinstance(a, Allocation) else ""
+            res = self._reserved.get(key)
+            if res is None or res.handle != a.handle or res.writing:
+                errors.append(BlockNotFoundError(f"unknown or already written allocation {a!r}", tier=self.name))
+                continue
+            src = as_byte_view(d)
+            if src.nbytes != res.nbytes:
+                self._release(key, res)
+                errors.append(InputError(f"[{self.name}] data has {src.nbytes} bytes, allocation has {res.nbytes}"))
+                continue
+            res.writing = True
+            items.append((key, res, src))
+        if not items:
+            if errors:
+                raise errors[0]
+            return
+        shas: list[str | None] = [None] * len(items)
+        checks: list[str] = [""] * len(items)
+        published = [False] * len(items)
+        failed: dict[int, Exception] = {}
+        try:
+            groups = max(1, min(self._max_conc, len(items)))
 
-        async def one(a: Allocation, d: Buffer) -> None:
-            try:
-                await self.write(a, d)
-            except Exception as exc:
-                errors.append(exc)
+            async def hash_share(g: int) -> None:
+                idx = list(range(g, len(items), groups))
 
-        async with anyio.create_task_group() as tg:
-            for a, d in zip(allocations, datas, strict=True):
-                tg.start_soon(one, a, d)
+                def run() -> list[tuple[str, str]]:
+                    return [(hashlib.sha256(items[i][2]).hexdigest(), _fast_check(items[i][2])) for i in idx]
+
+                for i, (h, c) in zip(idx, await self._thread(run), strict=True):
+                    shas[i], checks[i] = h, c
+
+            async with anyio.create_task_group() as tg:
+                for g in range(groups):
+                    tg.start_soon(hash_share, g)
+            digests = [h for h in shas if h is not None]
+            assert len(digests) == len(items)
+            shas = [None] * len(items)  # set again when claimed
+            for i, (key, res, _) in enumerate(items):
+                while digests[i] in self._deleting:  # the last key of this content is being evicted
+                    await self._deleting[digests[i]].wait()
+                if res.dropped:
+                    failed[i] = BlockNotFoundError(
+                        f"reservation for {key!r} was evicted during the write", tier=self.name
+                    )
+                    continue
+                self._ref(digests[i], res.nbytes)
+                shas[i] = digests[i]
+                if res.counted:
+                    self._reserved_bytes -= res.nbytes
+                    res.counted = False
+                published[i] = True
+            # phase 1: content files and records, one job per distinct content
+            by_sha: dict[str, tuple[str, memoryview, list[tuple[int, str, str]]]] = {}
+            for i, (key, res, src) in enumerate(items):
+                if i not in failed:
+                    job = by_sha.setdefault(digests[i], (digests[i], src, []))
+                    job[2].append((i, key, _record_text(digests[i], src.nbytes, res.tag, checks[i])))
+            jobs = list(by_sha.values())
+            cg = max(1, min(self._max_conc, len(jobs)))
+            linked: list[int] = []
+
+            async def share(g: int) -> None:
+                got: dict[int, BaseException | None] = await self._thread(self._put_share, jobs[g::cg])
+                for i, err in got.items():
+                    if err is None:
+                        linked.append(i)
+                    else:
+                        failed[i] = BackendIOError(f"write of {items[i][0]!r} failed: {err}", tier=self.name)
+
+            async with anyio.create_task_group() as tg:
+                for g in range(cg):
+                    tg.start_soon(share, g)
+            # phase 2: one keys/ sync for the whole batch (group commit)
+            if linked:
+                try:
+                    await self._thread(self._fsync_dir, self._root / "keys")
+                except BackendIOError as exc:
+                    for i in linked:
+                        failed[i] = exc
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                for i, (key, res, _) in enumerate(items):
+                    await self._abort_write(key, res, shas[i], published[i])
+            raise
+        for i, (key, res, _) in enumerate(items):
+            err = failed.get(i)
+            if err is None and res.dropped:
+                err = BlockNotFoundError(f"reservation for {key!r} was evicted during the write", tier=self.name)
+            if err is None and self._closed:
+                err = BackendClosedError("backend closed during the write", tier=self.name)
+            if err is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._abort_write(key, res, shas[i], published[i])
+                errors.append(err)
+                continue
+            del self._reserved[key]
+            res.writing = False
+            self._index[key] = _Rec(digests[i], res.nbytes, res.tag, checks[i])
+            self._writes += 1
+            self._bytes_written += res.nbytes
         if errors:
             raise errors[0]
 
@@ -654,18 +895,27 @@ class PfsBackend(Backend):
         self._check_open()
         recs = [self._lookup(k) for k in keys]
         outs = [self._target(r, None if into is None else into[i]) for i, r in enumerate(recs)]
-        groups = max(1, min(self._max_conc, len(keys)))
-        statuses: list[str] = [""] * len(keys)
+        statuses: list[str] = ["cold"] * len(keys)
 
-        async def one(g: int) -> None:
-            idx = list(range(g, len(keys), groups))
-            got: list[str] = await self._thread(self._read_group, [(recs[i], outs[i]) for i in idx])
+        async def one(idx: list[int], nowait: bool) -> None:
+            got: list[str] = await self._thread(self._read_group, [(recs[i], outs[i]) for i in idx], nowait)
             for i, st in zip(idx, got, strict=True):
                 statuses[i] = st
 
-        async with anyio.create_task_group() as tg:
-            for g in range(groups):
-                tg.start_soon(one, g)
+        async def spread(idx: list[int], groups: int, nowait: bool) -> None:
+            async with anyio.create_task_group() as tg:
+                for g in range(groups):
+                    tg.start_soon(one, idx[g::groups], nowait)
+
+        everything = list(range(len(keys)))
+        if _RWF_NOWAIT and keys:
+            # pass 1: what the page cache holds, in few hops (a thread hop costs more than a
+            # cached small block); pass 2: the rest, spread over max_concurrency threads
+            total = sum(r.nbytes for r in recs)
+            await spread(everything, max(1, min(self._max_conc, len(keys), -(-total // _HOT_GROUP_BYTES))), True)
+        cold = [i for i in everything if statuses[i] == "cold"]
+        if cold:
+            await spread(cold, max(1, min(self._max_conc, len(cold))), False)
         first: Exception | None = None
         for i, st in enumerate(statuses):
             if st == "ok":
