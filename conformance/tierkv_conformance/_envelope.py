@@ -14,10 +14,15 @@ the same number of blocks of the same size:
   buffers for reads), against the backend driven by one task (one stream on
   each side), raw and backend interleaved in every repetition;
 * storage tiers (nvme, pfs): ``O_DIRECT`` ``pwritev``/``preadv`` of aligned
-  buffers on a file in the backend's directory, at the backend's concurrency
+  buffers on a file in the backend's directory, laid out (written and synced)
+  before timing, at the backend's concurrency
   (buffered, and labelled so, where the filesystem refuses ``O_DIRECT``); for
   a persistent backend the writes are made durable too (``fdatasync`` once per
-  batch of the same size), since its ``write`` returns only once durable;
+  batch of the same size), since its ``write`` returns only once durable; the
+  backend side's source and destination buffers are page-aligned like the raw
+  side's (an O_DIRECT reference needs them), and a backend may give its own
+  configuration per block size (``envelope_options(options, block_bytes)``,
+  e.g. slots of that size; the row's ``note`` says so);
 * anything else: the backend's own :class:`SupportsRawReference`, else none
   (then the row has no ratio and the backend cannot be CERTIFIED).
 """
@@ -27,10 +32,12 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import shutil
 import statistics
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +55,12 @@ __all__ = ["BLOCK_SIZES", "EnvelopeRow", "measure_envelope", "raw_memcpy", "raw_
 
 KiB, MiB = 1024, 1024 * 1024
 BLOCK_SIZES = (16 * KiB, 256 * KiB, 2 * MiB)
+#: Block sizes measured in addition for some tier kinds (rdma: its acceptance figure is at 1 and 4 MiB).
+_EXTRA_SIZES: dict[TierKind, tuple[int, ...]] = {TierKind.RDMA: (1 * MiB, 4 * MiB)}
+#: rdma on a loopback shares the CPUs and the memory bandwidth with its raw reference, so its
+#: rows get an untimed warm-up pair, more repetitions, and the backend and raw sides alternate
+#: which goes first in each repetition (medians of both, as for every row).
+_RDMA_REPS = 9
 _MEMORY = {TierKind.DRAM, TierKind.CXL, TierKind.HBM}
 _STORAGE = {TierKind.NVME, TierKind.PFS}
 
@@ -64,6 +77,7 @@ class EnvelopeRow:
     raw_method: str
     count: int
     concurrency: int
+    note: str = ""  # e.g. the backend's own configuration for this block size (envelope_options)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -106,9 +120,10 @@ def raw_odirect(
 ) -> RawMeasurement:
     """``count`` pwritev/preadv of ``block_bytes`` on one file in ``directory`` with
     ``concurrency`` threads; O_DIRECT unless the filesystem refuses it (then
-    buffered + fdatasync, labelled). With ``sync_every`` > 0 each writer calls
-    ``fdatasync`` after every ``sync_every`` blocks and at its end: the
-    reference for a persistent backend, whose writes are durable on return."""
+    buffered + fdatasync, labelled). With ``sync_every`` > 0 it is the
+    reference for a persistent backend, whose writes are durable on return: the
+    blocks go in batches of ``sync_every`` (spread over the threads), each batch
+    followed by one ``fdatasync``, as the backend's ``write_many`` of the same batch."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f".tierkv-raw-{os.getpid()}-{threading.get_ident()}"
     slots = max(1, min(count, (256 * MiB) // max(1, block_bytes)))
@@ -133,46 +148,53 @@ def raw_odirect(
             os.close(fd)
             fd = os.open(path, flags, 0o600)
             method = "buffered pwritev/preadv + fdatasync (O_DIRECT refused by the filesystem)"
-        if op == "read":  # lay the file out first
-            for s in range(slots):
-                os.pwritev(fd, [bufs[0]], s * block_bytes)
-            os.fsync(fd)
-        next_i = iter(range(count))
-        lock = threading.Lock()
+        # lay the file out first (for writes too: a storage tier preallocates its files, so
+        # the reference must not pay for extent allocation either)
+        for s in range(slots):
+            os.pwritev(fd, [bufs[0]], s * block_bytes)
+        os.fsync(fd)
         errors: list[BaseException] = []
+        # writes of a persistent tier go in batches of ``sync_every`` blocks, each made durable
+        # (one fdatasync) before the next starts: what the tier does for a write_many
+        step = sync_every if op == "write" and sync_every else count
+        barrier_sync = op == "write" and bool(sync_every)
 
-        def worker(w: int) -> None:
-            buf = bufs[w]
-            done = 0
-            while True:
-                with lock:
-                    i = next(next_i, None)
-                try:
+        def run(lo: int, hi: int) -> None:
+            next_i = iter(range(lo, hi))
+            lock = threading.Lock()
+
+            def worker(w: int) -> None:
+                buf = bufs[w]
+                while True:
+                    with lock:
+                        i = next(next_i, None)
                     if i is None:
-                        if op == "write" and sync_every and done % sync_every:
-                            os.fdatasync(fd)
                         return
-                    off = (i % slots) * block_bytes
-                    if op == "write":
-                        os.pwritev(fd, [buf], off)
-                        done += 1
-                        if sync_every and done % sync_every == 0:
-                            os.fdatasync(fd)
-                    else:
-                        os.preadv(fd, [buf], off)
-                except BaseException as exc:
-                    errors.append(exc)
-                    return
+                    try:
+                        off = (i % slots) * block_bytes
+                        if op == "write":
+                            os.pwritev(fd, [buf], off)
+                        else:
+                            os.preadv(fd, [buf], off)
+                    except BaseException as exc:
+                        errors.append(exc)
+                        return
 
-        threads = [threading.Thread(target=worker, args=(w,)) for w in range(concurrency)]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if op == "write" and "buffered" in method:
-            os.fdatasync(fd)
-        dt = time.perf_counter() - t0
+            futs = [pool.submit(worker, w) for w in range(min(concurrency, hi - lo))]
+            for f in futs:
+                f.result()
+
+        with ThreadPoolExecutor(concurrency) as pool:  # threads reused across batches
+            for f in [pool.submit(time.sleep, 0) for _ in range(concurrency)]:
+                f.result()
+            t0 = time.perf_counter()
+            for lo in range(0, count, step):
+                run(lo, min(count, lo + step))
+                if barrier_sync:
+                    os.fdatasync(fd)
+            if op == "write" and "buffered" in method and not barrier_sync:
+                os.fdatasync(fd)
+            dt = time.perf_counter() - t0
         if errors:
             raise errors[0]
         for b in bufs:
@@ -180,7 +202,7 @@ def raw_odirect(
     finally:
         os.close(fd)
         path.unlink(missing_ok=True)
-    sync = f", fdatasync every {sync_every} blocks" if op == "write" and sync_every else ""
+    sync = f", one fdatasync per batch of {sync_every} blocks" if op == "write" and sync_every else ""
     return RawMeasurement(block_bytes * count, dt, f"{method}{sync}, {concurrency} threads")
 
 
@@ -196,12 +218,25 @@ def batch_blocks(block_bytes: int, count: int) -> int:
     return max(1, min(count, BATCH_BYTES // max(1, block_bytes)))
 
 
+def _page_aligned(nbytes: int) -> memoryview:
+    """A page-aligned, touched buffer (anonymous mmap), as the raw O_DIRECT side uses."""
+    mv = memoryview(mmap.mmap(-1, max(1, nbytes)))[:nbytes]
+    mv[::4096] = b"\x01" * len(mv[::4096])
+    return mv
+
+
 async def _measure_backend(
-    b: Backend, op: str, block_bytes: int, count: int, concurrency: int, rep: int
+    b: Backend, op: str, block_bytes: int, count: int, concurrency: int, rep: int, *, aligned: bool = False
 ) -> tuple[float, list[float]]:
     """Throughput of ``count`` blocks moved with the batch twins by ``concurrency``
-    tasks, plus single-operation latencies (allocate+write, or read into a buffer)."""
-    data = np.random.default_rng(rep).integers(0, 256, block_bytes, dtype=np.uint8).tobytes()
+    tasks, plus single-operation latencies (allocate+write, or read into a buffer).
+    With ``aligned`` (storage tiers) the source and destination buffers are
+    page-aligned like the raw O_DIRECT side's, so both sides get the same memory."""
+    data: bytes | memoryview = np.random.default_rng(rep).integers(0, 256, block_bytes, dtype=np.uint8).tobytes()
+    if aligned:
+        src = _page_aligned(block_bytes)
+        src[:] = data
+        data = src
     keys = [block_key("envelope", block_bytes, rep, i) for i in range(count)]
     per = batch_blocks(block_bytes, count)
     batches = iter([keys[i : i + per] for i in range(0, count, per)])
@@ -213,7 +248,10 @@ async def _measure_backend(
             await b.write_many(allocs, [data] * len(part))
 
     # caller buffers exist (and are touched) before timing, as the raw side's memory is
-    pools = [[bytearray(block_bytes) for _ in range(per)] for _ in range(concurrency)]
+    pools: list[list[bytearray | memoryview]] = [
+        [_page_aligned(block_bytes) if aligned else bytearray(block_bytes) for _ in range(per)]
+        for _ in range(concurrency)
+    ]
     for pool in pools:
         for buf in pool:
             buf[::4096] = b"\x01" * len(buf[::4096])
@@ -233,7 +271,7 @@ async def _measure_backend(
             tg.start_soon(worker)
     dt = time.perf_counter() - t0
     lat: list[float] = []
-    into = bytearray(block_bytes)
+    into = _page_aligned(block_bytes) if aligned else bytearray(block_bytes)
     samples = keys[: min(LATENCY_SAMPLES, count)]
     if op == "write":
         await b.evict_many(samples)
@@ -271,64 +309,92 @@ async def measure_envelope(
     # memory tiers: one stream on each side (the raw memcpy is one stream);
     # storage and network tiers: the backend's concurrency on both sides
     concurrency = 1 if caps.tier_kind in _MEMORY else max(1, min(caps.max_concurrency, 32))
-    reps = 1 if quick else 5
+    rdma = b if caps.tier_kind is TierKind.RDMA and isinstance(b, SupportsRawReference) else None
+    reps = 1 if quick else (_RDMA_REPS if rdma is not None else 5)
     target = (16 if quick else 128) * MiB
     rows: list[EnvelopeRow] = []
-    for size in BLOCK_SIZES:
-        if size > caps.max_block_bytes:
-            continue
-        s = b.stats()
-        free = max(0, s.capacity_bytes - s.used_bytes)
-        granule = s.details.get("granule", 1)
-        granule = granule if isinstance(granule, int) and granule > 0 else 1
-        footprint = -(-size // granule) * granule
-        count = max(32, min(2048, target // size))
-        count = min(count, int(free * 0.8) // footprint)
-        if count < 4:
+    for size in sorted({*BLOCK_SIZES, *_EXTRA_SIZES.get(caps.tier_kind, ())}):
+        cur, cur_options, note = b, options, ""
+        tune = getattr(type(b), "envelope_options", None)
+        sized_options = tune(options, size) if callable(tune) and size <= caps.max_block_bytes else None
+        if sized_options is not None:  # the backend's own configuration for blocks of this size
+            cur = await type(b).open(sized_options)
+            cur_options = sized_options
+            note = "own instance: " + ", ".join(f"{k}={v}" for k, v in sorted(sized_options.items()) if k != "path")
             if progress:
-                progress(f"envelope {size} B: skipped, capacity too small")
-            continue
-        for op in ("write", "read"):
-            gb: list[float] = []
-            lat: list[float] = []
-            raw: list[float] = []
-            method = ""
-            for rep in range(reps):
-                g, l_ = await _measure_backend(b, op, size, count, concurrency, rep)
-                gb.append(g)
-                lat += l_
-                m: RawMeasurement | None
-                if isinstance(b, SupportsRawReference):
-                    m = await b.raw_reference(op, size, count, concurrency)
-                elif caps.tier_kind in _MEMORY:
-                    m = await anyio.to_thread.run_sync(raw_memcpy, op, size, count)
-                elif caps.tier_kind in _STORAGE:
-                    d = storage_dir(options, workdir)
-                    sync_every = batch_blocks(size, count) if caps.persistent else 0
-                    m = await anyio.to_thread.run_sync(raw_odirect, d, op, size, count, concurrency, sync_every)
-                else:
-                    m = None
-                if m is not None:
-                    raw.append(m.gbps)
-                    method = m.method
-            g_med = statistics.median(gb)
-            raw_med = statistics.median(raw) if raw else None
-            row = EnvelopeRow(
-                block_bytes=size,
-                op=op,
-                gbps=round(g_med, 4),
-                p50_us=round(_pct(lat, 0.5) * 1e6, 1),
-                p99_us=round(_pct(lat, 0.99) * 1e6, 1),
-                raw_gbps=round(raw_med, 4) if raw_med is not None else None,
-                ratio=round(g_med / raw_med, 3) if raw_med else None,
-                raw_method=method or "none (network tier without SupportsRawReference)",
-                count=count,
-                concurrency=concurrency,
-            )
-            rows.append(row)
-            if progress:
-                progress(
-                    f"envelope {size // 1024:>5} KiB {op:<5} {row.gbps:8.3f} GB/s  raw {row.raw_gbps} GB/s  "
-                    f"ratio {row.ratio}  p50 {row.p50_us} us  p99 {row.p99_us} us"
+                progress(f"envelope {size // 1024:>5} KiB: {note}")
+        try:
+            if size > caps.max_block_bytes:
+                continue
+            s = cur.stats()
+            free = max(0, s.capacity_bytes - s.used_bytes)
+            granule = s.details.get("granule", 1)
+            granule = granule if isinstance(granule, int) and granule > 0 else 1
+            footprint = -(-size // granule) * granule
+            count = max(32, min(2048, target // size))
+            count = min(count, int(free * 0.8) // footprint)
+            if count < 4:
+                if progress:
+                    progress(f"envelope {size} B: skipped, capacity too small")
+                continue
+            for op in ("write", "read"):
+                gb: list[float] = []
+                lat: list[float] = []
+                raw: list[float] = []
+                method = ""
+                if rdma is not None and not quick:  # untimed warm-up pair (connections, caches, raw thread count)
+                    await _measure_backend(cur, op, size, count, concurrency, reps)
+                    await rdma.raw_reference(op, size, count, concurrency)
+                for rep in range(reps):
+                    first: RawMeasurement | None = None
+                    if rdma is not None and rep % 2:  # raw side first on odd repetitions
+                        first = await rdma.raw_reference(op, size, count, concurrency)
+                    g, l_ = await _measure_backend(
+                        cur, op, size, count, concurrency, rep, aligned=caps.tier_kind in _STORAGE
+                    )
+                    gb.append(g)
+                    lat += l_
+                    m: RawMeasurement | None
+                    if first is not None:
+                        m = first
+                    elif isinstance(cur, SupportsRawReference):
+                        m = await cur.raw_reference(op, size, count, concurrency)
+                    elif caps.tier_kind in _MEMORY:
+                        m = await anyio.to_thread.run_sync(raw_memcpy, op, size, count)
+                    elif caps.tier_kind in _STORAGE:
+                        d = storage_dir(cur_options, workdir)
+                        sync_every = batch_blocks(size, count) if caps.persistent else 0
+                        m = await anyio.to_thread.run_sync(raw_odirect, d, op, size, count, concurrency, sync_every)
+                    else:
+                        m = None
+                    if m is not None:
+                        raw.append(m.gbps)
+                        method = m.method
+                g_med = statistics.median(gb)
+                raw_med = statistics.median(raw) if raw else None
+                row = EnvelopeRow(
+                    block_bytes=size,
+                    op=op,
+                    gbps=round(g_med, 4),
+                    p50_us=round(_pct(lat, 0.5) * 1e6, 1),
+                    p99_us=round(_pct(lat, 0.99) * 1e6, 1),
+                    raw_gbps=round(raw_med, 4) if raw_med is not None else None,
+                    ratio=round(g_med / raw_med, 3) if raw_med else None,
+                    raw_method=method or "none (network tier without SupportsRawReference)",
+                    count=count,
+                    concurrency=concurrency,
+                    note=note,
                 )
+                rows.append(row)
+                if progress:
+                    progress(
+                        f"envelope {size // 1024:>5} KiB {op:<5} {row.gbps:8.3f} GB/s  raw {row.raw_gbps} GB/s  "
+                        f"ratio {row.ratio}  p50 {row.p50_us} us  p99 {row.p99_us} us"
+                    )
+        finally:
+            if cur is not b:
+                await cur.aclose()
+                d = storage_dir(cur_options, workdir)
+                if d != storage_dir(options, workdir) and storage_dir(options, workdir) in d.parents:
+                    await anyio.to_thread.run_sync(shutil.rmtree, d, True)
     return rows
