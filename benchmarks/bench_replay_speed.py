@@ -30,7 +30,7 @@ def main() -> None:
     cap = max(1, round(args.capacity * tr.distinct))
     nu = next_use_index(tr.blocks)
     print(f"trace {Path(args.trace).name}: {tr.accesses} accesses, capacity {cap} blocks, {args.reps} reps")
-    print(f"{'policy':<10}{'wall acc/s':>14}{'cpu acc/s':>14}{'cpu / target':>14}")
+    print(f"{'policy':<28}{'wall acc/s':>14}{'cpu acc/s':>14}{'cpu / target':>14}")
     for name in args.policies.split(","):
         wall, cpu = [], []
         for _ in range(args.reps):
@@ -40,7 +40,7 @@ def main() -> None:
             cpu.append(tr.accesses / (time.process_time() - c0))
             wall.append(tr.accesses / raw["seconds"])
         w, c = statistics.median(wall), statistics.median(cpu)
-        print(f"{name:<10}{w:>14,.0f}{c:>14,.0f}{c / TARGET:>14.2f}")
+        print(f"{name:<28}{w:>14,.0f}{c:>14,.0f}{c / TARGET:>14.2f}")
 
 
 if __name__ == "__main__":

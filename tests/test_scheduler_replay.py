@@ -21,7 +21,17 @@ from tierkv.scheduler._policies import (
     TinyLfuPolicy,
     next_use_index,
 )
-from tierkv.scheduler._replay import ABLATIONS, POLICIES, load_trace, main, make_policy, replay
+from tierkv.scheduler._replay import (
+    ABLATIONS,
+    POLICIES,
+    add_gap_closed,
+    load_trace,
+    main,
+    make_policy,
+    replay,
+    truncate,
+)
+from tierkv.scheduler._synth import SHAPES, synthetic_requests, write_synthetic
 
 DATA = Path(__file__).parent / "data" / "traces"
 SLICE = DATA / "mooncake_conversation_slice300.jsonl"
@@ -211,3 +221,91 @@ def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad.write_text('{"timestamp": 1}\n')
     assert main([str(bad), "--no-progress"]) == 2
     assert "tierkv replay" in capsys.readouterr().err
+
+
+def test_until_truncates_and_gap_closed(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    rc = main(
+        [str(SLICE), "--capacity", "5%", "--policies", "lru,belady,tierkv", "--until", "0.5", "--split", "0.5",
+         "--json", str(out), "--no-progress"]
+    )  # fmt: skip
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["until"] == 0.5
+    full = load_trace(SLICE)
+    rows = {r["policy"]: r for r in doc["results"]}
+    assert rows["lru"]["gap_closed"] == 0.0 and rows["belady"]["gap_closed"] == 1.0
+    # same capacity in blocks as the full replay, fewer requests measured
+    assert rows["lru"]["capacity_blocks"] == round(0.05 * full.distinct)
+    assert rows["lru"]["measured_accesses"] < full.accesses // 2
+    assert main([str(SLICE), "--until", "0", "--no-progress"]) == 2
+
+
+def test_truncate_keeps_a_prefix_of_requests() -> None:
+    tr = load_trace(SLICE)
+    half = truncate(tr, 0.5)
+    assert 0 < len(half.blocks) < len(tr.blocks)
+    assert half.blocks == tr.blocks[: len(half.blocks)]
+    assert max(half.times) < tr.times[0] + 0.5 * (tr.times[-1] - tr.times[0])
+    assert len(truncate(tr, 1e-9).blocks) >= 1
+
+
+def test_add_gap_closed_only_with_both_references() -> None:
+    rows = [
+        {"policy": "lru", "capacity_fraction": 0.1, "prefix_hit_rate": 0.2},
+        {"policy": "belady", "capacity_fraction": 0.1, "prefix_hit_rate": 0.4},
+        {"policy": "tierkv", "capacity_fraction": 0.1, "prefix_hit_rate": 0.3},
+        {"policy": "tierkv", "capacity_fraction": 0.2, "prefix_hit_rate": 0.3},
+    ]
+    add_gap_closed(rows)  # type: ignore[arg-type]
+    assert rows[2]["gap_closed"] == pytest.approx(0.5)
+    assert "gap_closed" not in rows[3]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_synthetic_traces_are_valid_mooncake(tmp_path: Path, shape: str) -> None:
+    path = tmp_path / f"{shape}.jsonl"
+    n = write_synthetic(path, shape, seed=3, sessions=120)
+    tr = load_trace(path)
+    assert len(tr.blocks) == n > 120
+    assert tr.times == sorted(tr.times)
+    for ids, n_in in zip(tr.blocks, tr.input_lengths, strict=True):
+        assert len(ids) == -(-n_in // 512)
+    seen: set[int] = set()
+    new_order: list[int] = []
+    for ids in tr.blocks:
+        lead = 0
+        for b in ids:
+            if b not in seen:
+                break
+            lead += 1
+        assert all(b not in seen for b in ids[lead:])  # chained: repeats only in the leading run
+        for b in ids:
+            if b not in seen:
+                seen.add(b)
+                new_order.append(b)
+    assert new_order == list(range(len(new_order)))  # dense ids in order of first appearance
+    assert synthetic_requests(shape, seed=3, sessions=120) == synthetic_requests(shape, seed=3, sessions=120)
+    with pytest.raises(ValueError):
+        synthetic_requests("nope")
+
+
+def test_tierkv_above_lru_on_synthetic_chat() -> None:
+    tr_rows = synthetic_requests("chat", seed=5, sessions=1500)
+    reqs = [r["hash_ids"] for r in tr_rows]
+    times = [r["timestamp"] / 1000 for r in tr_rows]
+    tails = [r["input_length"] % 512 != 0 for r in tr_rows]  # type: ignore[operator]
+    distinct = len({b for r in reqs for b in r})  # type: ignore[union-attr]
+    split = times[int(0.4 * len(times))]
+    for frac in (0.01, 0.05):
+        cap = max(8, round(frac * distinct))
+        scores = {}
+        for pol in (LruPolicy(cap), TierKVPolicy(cap)):
+            lead = acc = 0
+            for t, r, tail in zip(times, reqs, tails, strict=True):
+                lo, _ = pol.request(r, t, tail)  # type: ignore[arg-type]
+                if t >= split:
+                    lead += lo
+                    acc += len(r)  # type: ignore[arg-type]
+            scores[pol.name] = lead / acc
+        assert scores["tierkv"] >= scores["lru"], (frac, scores)

@@ -32,10 +32,20 @@ touches its blocks leaf first so that a parent always ranks at least as high as
 its descendants (a prefix is useless without its ancestors); blocks with a
 prefix fanout of ``placement.protect_fanout`` children or more are protected
 from eviction at the bottom tier while anything else can go.
+
+Response length (``TierKV.hint(response_tokens=N)``, :meth:`SchedulerState.respond`):
+when the engine reports the length of the answer to the most recent request, that
+request's blocks (those whose ``t_last`` is still the request's) get ``delta =
+(t_done - t_request) / tau + ResponseModel.adjustment(class)`` added to their
+priority -- the same re-keying as the replay lab's ``tierkv`` policy
+(:mod:`tierkv.scheduler._response`). The adjustment is learned from whether the
+request's deepest block was accessed again within the predictor's horizon after
+the answer.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -66,6 +76,7 @@ from .scheduler import (
     size_bucket,
 )
 from .scheduler._predictor import BLOCK_TYPES as _BT
+from .scheduler._response import ResponseModel, response_class
 
 __all__ = ["DEFAULT_TIER_PERFORMANCE", "SchedulerState", "TierPerf"]
 
@@ -172,6 +183,12 @@ class SchedulerState:
         self._t0 = time.monotonic()
         self.gate_decisions = {"fetch": 0, "recompute": 0}
         self.dropped_jobs = 0
+        self.response = ResponseModel()
+        # completed requests with a response-length adjustment: t_last windows [start, end] -> delta
+        self._resp_start: list[float] = []
+        self._resp_end: list[float] = []
+        self._resp_delta: list[float] = []
+        self._resp_done_t = -math.inf  # request time of the latest respond() (one answer per request)
 
     # ------------------------------------------------------------------ time
     def now(self) -> float:
@@ -218,7 +235,43 @@ class SchedulerState:
         """Eviction priority: higher stays. LRU policy: recency only."""
         if self.policy == "lru":
             return t_last
-        return self.predictor.log_table[cell] + t_last / self.tau_s
+        return self.predictor.log_table[cell] + t_last / self.tau_s + self._response_delta(t_last)
+
+    def _response_delta(self, t_last: float) -> float:
+        i = bisect.bisect_right(self._resp_start, t_last) - 1
+        if i >= 0 and t_last <= self._resp_end[i]:
+            return self._resp_delta[i]
+        return 0.0
+
+    _RESPONSE_MEMORY = 65_536  # completed requests whose adjustment is remembered
+
+    def respond(self, response_tokens: int) -> float | None:
+        """The answer to the most recent request (its blocks: the predictor's last batch) had
+        ``response_tokens`` tokens and is complete now. Learn from it and re-rank that request's blocks
+        (see the module docstring); return the priority delta, or None when there is no request to
+        attribute it to (none yet, or it was already answered)."""
+        pred = self.predictor
+        t_req, batch = pred.last_batch
+        if not batch or t_req <= self._resp_done_t:
+            return None
+        self._resp_done_t = t_req
+        now = self.now()
+        key_block, key_cell = batch[0]  # blocks are observed leaf first: the deepest block
+        cls = response_class(response_tokens)
+        model = self.response
+        model.advance(now, pred.last_reuse, pred.horizon)
+        model.observe(now, key_block, cls, pred.table[key_cell])
+        if self.policy == "lru":
+            return None
+        delta = model.adjustment(cls) + max(0.0, now - t_req) / self.tau_s
+        # the request's entries carry t_last = t_req + (n - i) * 1e-6 (TierKV._record_access)
+        self._resp_start.append(t_req)
+        self._resp_end.append(t_req + (len(batch) + 1) * 1e-6)
+        self._resp_delta.append(delta)
+        if len(self._resp_start) > 2 * self._RESPONSE_MEMORY:
+            for lst in (self._resp_start, self._resp_end, self._resp_delta):
+                del lst[: self._RESPONSE_MEMORY]
+        return delta
 
     def p_reuse(self, cell: int) -> float:
         return float(self.predictor.table[cell])

@@ -1641,6 +1641,7 @@ class TierKV:
         decode_position: int | None = None,
         tokens: object = None,
         tenant: str | None = None,
+        response_tokens: int | None = None,
     ) -> None:
         """Tell the scheduler what the engine knows (never blocks, no I/O).
 
@@ -1654,11 +1655,23 @@ class TierKV:
           (those put with ``block_type="tool_context"`` while it was the current
           tool), and the head-importance multipliers are reset for the switch;
         * ``decode_position`` with ``tokens``: prefetch the blocks covering
-          ``[n, n + w]`` (RoPE-aware window, see :meth:`prefetch`).
+          ``[n, n + w]`` (RoPE-aware window, see :meth:`prefetch`);
+        * ``response_tokens``: the engine has *finished* answering the most
+          recent request (``put``/``get``) with this many tokens. Call it at
+          completion, not before: the eviction ranking re-weights that request's
+          blocks by the learned reuse rate of its answer-length class and counts
+          their recency from now (``SchedulerState.respond``; the replay lab's
+          ``tierkv`` policy does the same). Repeated calls for one request are
+          ignored.
 
-        Raises ConfigError for an unknown transition label.
+        Raises ConfigError for an unknown transition label, InputError for a
+        ``response_tokens`` that is not an int >= 0.
         """
         sched = self._sched
+        if response_tokens is not None:
+            if isinstance(response_tokens, bool) or not isinstance(response_tokens, int) or response_tokens < 0:
+                raise InputError(f"response_tokens: expected an int >= 0, got {response_tokens!r}")
+            sched.respond(response_tokens)
         if transition is not None:
             sched.transition = sched.transition_index(transition)
         if tool is not None:

@@ -1,6 +1,7 @@
 """Predictive scheduler: the pure decision logic (no I/O).
 
 * :class:`ReusePredictor` -- Beta posteriors per (block type x transition) with per-block evidence.
+* :class:`ResponseModel` -- per answer-length class calibration, applied when a request completes.
 * :class:`HeadImportance` -- head-granular EMA attention importance (GQA max, MLA per layer).
 * :class:`PrefetchWindow` -- RoPE-aware prefetch window per layer class.
 * :class:`ToolChain` -- agentic Markov chain over tools with KV size profiles; session classes.
@@ -48,6 +49,7 @@ from ._predictor import (
     size_bucket,
 )
 from ._prefetch import PrefetchWindow, attention_span
+from ._response import ResponseModel, completion_time, response_class
 from ._survival import RenewalHazard, age_bin, bin_lower_edges, hit_density, km_survival
 
 __all__ = [
@@ -63,6 +65,7 @@ __all__ = [
     "PredictorConfig",
     "PrefetchWindow",
     "RenewalHazard",
+    "ResponseModel",
     "ReusePredictor",
     "SessionClass",
     "SizeProfile",
@@ -76,6 +79,7 @@ __all__ = [
     "cell_index",
     "choose_tier",
     "classify_session",
+    "completion_time",
     "confidence",
     "count_bucket",
     "derive_block_type",
@@ -89,6 +93,7 @@ __all__ = [
     "parse_load_failure_policy",
     "placement_value",
     "recompute_seconds",
+    "response_class",
     "should_move",
     "size_bucket",
 ]

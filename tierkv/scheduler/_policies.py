@@ -29,12 +29,14 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Protocol
 
 import numpy as np
 
 from .._errors import ConfigError
 from ._predictor import N_CELLS, PredictorConfig, ReusePredictor
+from ._response import ResponseModel, response_class
 
 __all__ = [
     "ArcPolicy",
@@ -423,6 +425,10 @@ class TierKVOptions:
       ``reasoning_step`` (0 disables the rule; ablation ``tierkv-no-quick-step``).
     * ``shape`` -- prompt length and block position as predictor evidence (off: one shape bucket).
     * ``decay`` -- exponential recency decay with time constant ``tau_s`` (off: no recency at all).
+    * ``response`` -- at a request's completion (:meth:`TierKVPolicy.respond`), re-weight its blocks by the
+      learned calibration of its answer-length class (:class:`~tierkv.scheduler._response.ResponseModel`).
+    * ``completion`` -- at a request's completion, its blocks' recency counts from the completion time
+      instead of the arrival (needs ``decay``).
     """
 
     predictor: bool = True
@@ -436,6 +442,8 @@ class TierKVOptions:
     tau_s: float = 300.0
     quick_step: float = 30.0
     shape: bool = True
+    response: bool = True
+    completion: bool = True
     predictor_config: PredictorConfig = field(default_factory=PredictorConfig)
 
     def __post_init__(self) -> None:
@@ -523,6 +531,11 @@ class TierKVPolicy:
     O(1) dict/deque operations instead of a heap push of a tuple; the victim is the oldest block of the
     lowest bucket. Without OptGen the predictor's horizon follows the measured residency time of the cache
     (EWMA of victims' idle time). Either way one configuration adapts to every capacity.
+
+    Answer length (:meth:`respond`, delivered by the replay at the request's modelled completion): the
+    request's blocks that no later request touched get ``(t_done - t_arrival) / tau`` (recency from the
+    completion) plus the learned log calibration of its answer-length class added to their key
+    (:mod:`tierkv.scheduler._response`); shared prefixes (``fanout_protect`` successors) are never lowered.
     """
 
     __slots__ = (
@@ -535,10 +548,14 @@ class TierKVPolicy:
         "fanout",
         "idle_ewma",
         "last",
+        "model",
         "name",
         "optgen",
         "opts",
+        "owner",
         "pred",
+        "reqs",
+        "seq",
         "tau",
         "track_idle",
         "turn_time",
@@ -561,6 +578,10 @@ class TierKVPolicy:
         self.optgen = OptGen(capacity) if self.opts.optgen else None
         self.track_idle = self.optgen is None
         self.turn_time: dict[int, float] = {}  # last two blocks of each request -> its time
+        self.seq = 0  # index of the next request
+        self.owner: dict[int, int] = {}  # block -> index of the request that touched it last
+        self.reqs: dict[int, tuple[Sequence[int], float, int, int]] = {}  # uncompleted request -> (ids, t, key, cell)
+        self.model = ResponseModel()
 
     def _compact(self) -> None:
         buckets: dict[int, deque[int]] = {}
@@ -648,6 +669,12 @@ class TierKVPolicy:
             keys[tail_j] += tail_adj
         if self.track_idle:
             last.update(zip(ids, [now] * n, strict=True))
+        seq = self.seq
+        self.seq = seq + 1
+        if n:
+            self.owner.update(zip(ids, repeat(seq, n), strict=False))
+            kj = n - 2 if (tail_partial and n > 1) else n - 1
+            self.reqs[seq] = (ids, now, ids[kj], cells[kj])
         pred.observe_many(now, ids, cells, self.optgen.label(ids) if self.optgen is not None else None)
         order: Sequence[int] = range(n)
         if opts.prefix_tree:
@@ -701,6 +728,52 @@ class TierKVPolicy:
         if self.entries > 4 * cap + 4096:
             self._compact()
         return lead, hits
+
+    def respond(self, index: int, t_done: float, output_tokens: int) -> None:
+        """Request ``index`` (0-based, in :meth:`request` order) completed at ``t_done`` with an answer of
+        ``output_tokens`` tokens: learn from it and re-key its blocks that no later request touched.
+
+        The caller must deliver it no earlier than the completion (the replay does, at the modelled
+        completion time, before the first request that arrives after it); ``t_done`` is the clock of the
+        keys (non-decreasing across calls). Unknown or repeated indices are ignored.
+        """
+        rec = self.reqs.pop(index, None)
+        if rec is None:
+            return
+        ids, t_arr, key_block, key_cell = rec
+        opts, pred, model = self.opts, self.pred, self.model
+        cls = response_class(output_tokens)
+        model.advance(t_done, pred.last_reuse, pred.horizon)
+        model.observe(t_done, key_block, cls, pred.table[key_cell])
+        delta = model.adjustment(cls) if opts.response else 0.0
+        if opts.completion and opts.decay and t_done > t_arr:
+            delta += (t_done - t_arr) / self.tau
+        dq = round(delta * _QUANTA)
+        if dq == 0:
+            return
+        cache, owner, fget = self.cache, self.owner, self.fanout.get
+        buckets, bheap = self.buckets, self.bheap
+        # a shared prefix's value is not this session's: never lowered (raising it keeps parent >= child)
+        shared = opts.fanout_protect if dq < 0 else 0
+        moved = 0
+        for b in ids:
+            if owner.get(b) != index:
+                continue  # touched since by another request
+            q = cache.get(b)
+            if q is None or (shared and fget(b, 0) >= shared):
+                continue  # evicted, or a shared prefix
+            q += dq
+            cache[b] = q
+            slot = buckets.get(q)
+            if slot is None:
+                buckets[q] = deque((b,))
+                heapq.heappush(bheap, q)
+            else:
+                slot.append(b)
+            moved += 1
+        self.entries += moved
+        if self.entries > 4 * self.capacity + 4096:
+            self._compact()
 
 
 # --- session (renewal-process) policy --------------------------------------------------------------------

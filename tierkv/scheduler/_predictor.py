@@ -200,6 +200,8 @@ class ReusePredictor:
     """
 
     __slots__ = (
+        "_batch",
+        "_batch_t",
         "_ch",
         "_cn",
         "_last",
@@ -228,6 +230,8 @@ class ReusePredictor:
         self._res_hit: list[int] = []  # ... of which reused
         self._pending: deque[tuple[float, int, int]] = deque()  # (time, block, cell) in time order
         self._last: dict[int, float] = {}
+        self._batch: list[tuple[int, int]] = []  # (block, cell) observed by observe() at _batch_t
+        self._batch_t = -math.inf
         self._since_refresh = 0
         self.resolved = 0
         self._table: list[float] = []
@@ -245,9 +249,26 @@ class ReusePredictor:
         return self._log_table
 
     def observe(self, now: float, block: int, cell: int) -> None:
-        """Record an access of ``block`` at ``now`` (non-decreasing) in ``cell``."""
+        """Record an access of ``block`` at ``now`` (non-decreasing) in ``cell``.
+
+        The accesses recorded with the same ``now`` form the *last batch* (one request: :attr:`last_batch`).
+        """
         self._last[block] = now
         self._pending.append((now, block, cell))
+        if now != self._batch_t:
+            self._batch_t = now
+            self._batch = []
+        self._batch.append((block, cell))
+
+    @property
+    def last_batch(self) -> tuple[float, list[tuple[int, int]]]:
+        """``(time, [(block, cell), ...])`` of the accesses :meth:`observe` recorded at the latest time."""
+        return self._batch_t, self._batch
+
+    def last_reuse(self, block: int) -> float | None:
+        """Time of the block's latest (credited) access still remembered, or None (forgotten once an
+        observation of it resolves as not reused)."""
+        return self._last.get(block)
 
     def observe_many(
         self, now: float, blocks: Sequence[int], cells: Sequence[int], credit: Sequence[bool] | None = None

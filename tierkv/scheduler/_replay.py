@@ -25,9 +25,25 @@ capacities (1%, 6%, 31%) and a reused block is attributed to the smallest tier w
 holds it in the request's leading run (exact for stack policies such as LRU; an approximation otherwise).
 Those rows carry ``tiers`` and ``hits_per_tier``.
 
+Answer lengths (strictly causal): when the trace has ``output_length``, a request's completion is modelled at
+``arrival + input_length / 10,000 tok/s + output_length x 0.03 s``
+(:func:`~tierkv.scheduler._response.completion_time`); a policy with a ``respond(index, t_done,
+output_tokens)`` method (the tierkv policy) is told the answer length only then, before the first request
+that arrives at or after ``t_done`` -- never earlier.
+
+``--until F`` replays only the requests before ``t0 + F * (t_end - t0)`` (the split then applies to that
+part): ``--until 0.4 --split 0.5`` evaluates on the tuning part alone (warm on the first 20% of the trace,
+measure on 20%-40%), the only view a configuration may be tuned on. Capacities stay fractions of the
+*whole* trace's distinct blocks, so the cache sizes are the same as in the full replay.
+
+When ``lru`` and ``belady`` are both replayed, every row also carries ``gap_closed``: the fraction of the
+LRU -> Belady prefix-hit-rate gap the policy closes at that capacity, ``(p - p_lru) / (p_belady - p_lru)``.
+
 ``--ablations`` adds the tierkv policy with one component off each (see
 :class:`~tierkv.scheduler._policies.TierKVOptions`): ``tierkv-no-predictor``, ``-no-prefix-tree``,
 ``-no-fanout``, ``-no-bypass``, ``-no-size``, ``-no-decay``, ``-no-optgen``, ``-no-quick-step``, ``-no-shape``,
+``-no-response`` (answer-length class), ``-no-completion`` (recency from completion), ``-no-response-signal``
+(both),
 and the experimental renewal-process policy ``tierkv-session`` (:class:`~tierkv.scheduler._policies.SessionPolicy`)
 with ``tierkv-session-no-hazard``, ``-no-classes``, ``-no-density``, ``-no-prefix-tree``, ``-no-bypass``,
 ``-no-tail`` (see :class:`~tierkv.scheduler._policies.SessionOptions`). Any ablation name is also accepted by
@@ -37,12 +53,13 @@ with ``tierkv-session-no-hazard``, ``-no-classes``, ``-no-density``, ``-no-prefi
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -60,8 +77,19 @@ from ._policies import (
     TinyLfuPolicy,
     next_use_index,
 )
+from ._response import completion_time
 
-__all__ = ["ABLATIONS", "POLICIES", "Trace", "load_trace", "main", "make_policy", "replay"]
+__all__ = [
+    "ABLATIONS",
+    "POLICIES",
+    "Trace",
+    "add_gap_closed",
+    "load_trace",
+    "main",
+    "make_policy",
+    "replay",
+    "truncate",
+]
 
 POLICIES: tuple[str, ...] = ("lru", "lfu", "arc", "s3fifo", "tinylfu", "belady", "tierkv")
 ABLATIONS: dict[str, SessionOptions | TierKVOptions] = {
@@ -74,6 +102,9 @@ ABLATIONS: dict[str, SessionOptions | TierKVOptions] = {
     "tierkv-no-optgen": TierKVOptions(optgen=False),
     "tierkv-no-quick-step": TierKVOptions(quick_step=0.0),
     "tierkv-no-shape": TierKVOptions(shape=False),
+    "tierkv-no-response": TierKVOptions(response=False),
+    "tierkv-no-completion": TierKVOptions(completion=False),
+    "tierkv-no-response-signal": TierKVOptions(response=False, completion=False),
     # experimental renewal-process policy (SessionPolicy) and its ablations
     "tierkv-session": SessionOptions(),
     "tierkv-session-no-hazard": SessionOptions(hazard=False),
@@ -96,7 +127,11 @@ _TIER_COST: dict[str, tuple[float, float]] = {
 
 @dataclass(frozen=True, slots=True)
 class Trace:
-    """A loaded trace: per request (time s, input tokens, block ids, tail block partial?)."""
+    """A loaded trace: per request (time s, input tokens, block ids, tail block partial?, output tokens).
+
+    ``output_lengths`` is empty when the trace has no ``output_length`` field: then no completion is ever
+    delivered to a policy.
+    """
 
     path: str
     times: list[float]
@@ -104,6 +139,7 @@ class Trace:
     blocks: list[list[int]]
     tail_partial: list[bool]
     block_tokens: int
+    output_lengths: list[int] = field(default_factory=list)
 
     @property
     def accesses(self) -> int:
@@ -119,7 +155,8 @@ def load_trace(path: str | Path, block_tokens: int = 512, trace_block_tokens: in
     if block_tokens < trace_block_tokens or block_tokens % trace_block_tokens:
         raise ValueError(f"--block-tokens {block_tokens} must be a multiple of the trace's {trace_block_tokens}")
     k = block_tokens // trace_block_tokens
-    rows: list[tuple[float, int, list[int]]] = []
+    rows: list[tuple[float, int, list[int], int]] = []
+    has_output = True
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
@@ -129,11 +166,15 @@ def load_trace(path: str | Path, block_tokens: int = 512, trace_block_tokens: in
                 t = float(rec["timestamp"]) / 1000.0
                 n_in = int(rec["input_length"])
                 ids = [int(x) for x in rec["hash_ids"]]
+                n_out = rec.get("output_length")
+                if n_out is None:
+                    has_output = False
+                n_out = int(n_out) if n_out is not None else 0
             except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(f"{path}:{lineno}: not a Mooncake trace record ({exc})") from exc
             if k > 1 and ids:
                 ids = [ids[min(len(ids) - 1, (j + 1) * k - 1)] for j in range(math.ceil(len(ids) / k))]
-            rows.append((t, n_in, ids))
+            rows.append((t, n_in, ids, n_out))
     rows.sort(key=lambda r: r[0])
     return Trace(
         path=str(path),
@@ -142,6 +183,7 @@ def load_trace(path: str | Path, block_tokens: int = 512, trace_block_tokens: in
         blocks=[r[2] for r in rows],
         tail_partial=[r[1] % block_tokens != 0 for r in rows],
         block_tokens=block_tokens,
+        output_lengths=[r[3] for r in rows] if has_output else [],
     )
 
 
@@ -204,6 +246,13 @@ def replay(
     """
     req = policy.request
     times, blocks, tails = trace.times, trace.blocks, trace.tail_partial
+    respond: Callable[[int, float, int], None] | None = getattr(policy, "respond", None)
+    outs = trace.output_lengths
+    if not outs:
+        respond = None
+    done: list[tuple[float, int]] = []  # (modelled completion time, request index), a min-heap
+    push, pop = heapq.heappush, heapq.heappop
+    ins = trace.input_lengths
     leads: list[int] = []
     measured_idx: list[int] = []
     bh = 0
@@ -213,7 +262,14 @@ def replay(
     c0 = time.process_time()
     for i in range(len(blocks)):
         ids = blocks[i]
-        lead, hits = req(ids, times[i], tails[i])
+        now = times[i]
+        if respond is not None:
+            # strictly causal: a request's answer length exists only once it has completed
+            while done and done[0][0] <= now:
+                t_done, k = pop(done)
+                respond(k, t_done, outs[k])
+            push(done, (completion_time(now, ins[i], outs[i]), i))
+        lead, hits = req(ids, now, tails[i])
         if times[i] >= split_time:
             leads.append(lead)
             measured_idx.append(i)
@@ -234,6 +290,33 @@ def replay(
         "cpu_seconds": cpu,
         "total_accesses": trace.accesses,
     }
+
+
+def truncate(trace: Trace, until: float) -> Trace:
+    """The requests of ``trace`` before ``t0 + until * (t_end - t0)`` (at least one)."""
+    t_end = trace.times[0] + until * (trace.times[-1] - trace.times[0])
+    n = max(1, sum(1 for t in trace.times if t < t_end))
+    return Trace(
+        trace.path,
+        trace.times[:n],
+        trace.input_lengths[:n],
+        trace.blocks[:n],
+        trace.tail_partial[:n],
+        trace.block_tokens,
+        trace.output_lengths[:n],
+    )
+
+
+def add_gap_closed(results: list[dict[str, Any]]) -> None:
+    """Add ``gap_closed`` to every row (in place) when LRU and Belady rows exist at its capacity."""
+    ref: dict[tuple[float, bool], dict[str, float]] = {}
+    for r in results:
+        if r["policy"] in ("lru", "belady"):
+            ref.setdefault((r["capacity_fraction"], "tiers" in r), {})[r["policy"]] = r["prefix_hit_rate"]
+    for r in results:
+        d = ref.get((r["capacity_fraction"], "tiers" in r), {})
+        if "lru" in d and "belady" in d and d["belady"] > d["lru"]:
+            r["gap_closed"] = (r["prefix_hit_rate"] - d["lru"]) / (d["belady"] - d["lru"])
 
 
 def _parse_fractions(text: str, flag: str) -> list[float]:
@@ -343,13 +426,15 @@ def _plot(results: list[dict[str, Any]], path: str, title: str) -> None:
 
 def _table(results: list[dict[str, Any]], out: TextIO) -> None:
     out.write(
-        f"{'policy':<22}{'capacity':>9}{'blocks':>8}{'block hit':>10}{'prefix hit':>11}{'TTFT s':>8}{'acc/s':>10}\n"
+        f"{'policy':<30}{'capacity':>9}{'blocks':>8}{'block hit':>10}{'prefix hit':>11}{'gap closed':>11}"
+        f"{'TTFT s':>8}{'acc/s':>10}\n"
     )
     for r in results:
         cap = f"{r['capacity_fraction'] * 100:.3g}%"
+        gap = f"{r['gap_closed'] * 100:.1f}%" if "gap_closed" in r else "-"
         out.write(
-            f"{r['policy']:<22}{cap:>9}{r['capacity_blocks']:>8}{r['block_hit_rate']:>10.4f}"
-            f"{r['prefix_hit_rate']:>11.4f}{r['modeled_ttft_s']:>8.3f}{r['accesses_per_s']:>10.0f}\n"
+            f"{r['policy']:<30}{cap:>9}{r['capacity_blocks']:>8}{r['block_hit_rate']:>10.4f}"
+            f"{r['prefix_hit_rate']:>11.4f}{gap:>11}{r['modeled_ttft_s']:>8.3f}{r['accesses_per_s']:>10.0f}\n"
         )
 
 
@@ -365,6 +450,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--ablations", action="store_true", help="also run tierkv with each component off")
     ap.add_argument("--split", type=float, default=0.4)
+    ap.add_argument("--until", type=float, default=1.0, help="replay only the first fraction of the trace (time)")
     ap.add_argument("--tiers", default=None, help="e.g. hbm=1%%,dram=5%%,nvme=25%%")
     ap.add_argument("--prefill-rate", type=float, default=10_000.0, help="tokens/s of prefill (default 10000)")
     ap.add_argument("--kv-bytes-per-token", type=int, default=131_072, help="default: Llama-3-8B FP16")
@@ -378,6 +464,8 @@ def main(argv: list[str]) -> int:
     try:
         if not 0.0 <= args.split < 1.0:
             raise ValueError(f"--split {args.split} must be in [0, 1)")
+        if not 0.0 < args.until <= 1.0:
+            raise ValueError(f"--until {args.until} must be in (0, 1]")
         if args.prefill_rate <= 0 or args.kv_bytes_per_token <= 0:
             raise ValueError("--prefill-rate and --kv-bytes-per-token must be > 0")
         fractions = _parse_fractions(args.capacity, "--capacity")
@@ -396,6 +484,8 @@ def main(argv: list[str]) -> int:
         print("tierkv replay: the trace has no requests", file=sys.stderr)
         return 2
     distinct = trace.distinct
+    if args.until < 1.0:
+        trace = truncate(trace, args.until)
     t_first, t_last = trace.times[0], trace.times[-1]
     split_time = t_first + args.split * (t_last - t_first) if args.split > 0 else -math.inf
     next_uses = next_use_index(trace.blocks) if "belady" in names else None
@@ -444,10 +534,12 @@ def main(argv: list[str]) -> int:
             row.update(m)
             results.append(row)
     prog.close()
+    add_gap_closed(results)
     doc = {
         "trace": trace.path,
         "block_tokens": trace.block_tokens,
         "split": args.split,
+        "until": args.until,
         "requests": len(trace.blocks),
         "accesses": trace.accesses,
         "distinct_blocks": distinct,
