@@ -125,7 +125,7 @@ _ORPHAN_MAX_AGE_S = 600.0
 _HOST = socket.gethostname().replace(".", "_") or "host"
 _RWF_NOWAIT: int = getattr(os, "RWF_NOWAIT", 0)
 #: a batch read first reads what the page cache holds in one worker-thread hop per this many bytes
-_HOT_GROUP_BYTES = 4 << 20
+_HOT_GROUP_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -737,6 +737,63 @@ class PfsBackend(Backend):
         self._check_open()
         validate_key(key, tier=self.name)
         return key in self._index
+
+    # ------------------------------------------------------------- raw reference
+    async def raw_reference(self, op: str, block_bytes: int, count: int, concurrency: int) -> Any:
+        """The certification envelope's reference for a file-per-object store: the plain
+        filesystem client, ``count`` files of ``block_bytes`` in ``tmp/`` moved by
+        ``concurrency`` threads: write = create + ``pwrite`` + ``fsync`` + close (each file
+        durable, no directory sync, no rename, no checksum), read = open + ``preadv`` into a
+        buffer + close of files written (and so cached) just before, as the tier's are.
+        Cleans up its files. Raises BackendIOError."""
+        self._check_open()
+        try:
+            return await anyio.to_thread.run_sync(self._raw_files, op, block_bytes, count, concurrency)
+        except OSError as exc:
+            raise BackendIOError(f"raw reference failed: {exc}", tier=self.name) from exc
+
+    def _raw_files(self, op: str, block_bytes: int, count: int, concurrency: int) -> Any:
+        from concurrent.futures import ThreadPoolExecutor
+
+        from tierkv_conformance._reference import RawMeasurement
+
+        d = self._root / "tmp" / f"raw-{os.getpid()}-{uuid.uuid4().hex}"
+        d.mkdir()
+        data = np.random.default_rng(1).integers(0, 256, block_bytes, dtype=np.uint8)
+        bufs = [np.empty(block_bytes, dtype=np.uint8) for _ in range(max(1, concurrency))]
+
+        def put(i: int) -> None:
+            fd = os.open(d / str(i), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.pwrite(fd, data.data, 0)
+                if self._fsync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+
+        def get(i: int) -> None:
+            fd = os.open(d / str(i), os.O_RDONLY)
+            try:
+                os.preadv(fd, [bufs[i % len(bufs)].data], 0)
+            finally:
+                os.close(fd)
+
+        try:
+            with ThreadPoolExecutor(max(1, concurrency)) as ex:
+                if op == "read":
+                    list(ex.map(put, range(count)))
+                t0 = time.perf_counter()
+                list(ex.map(put if op == "write" else get, range(count)))
+                dt = time.perf_counter() - t0
+        finally:
+            for i in range(count):
+                try:
+                    os.unlink(d / str(i))
+                except FileNotFoundError:
+                    pass
+            os.rmdir(d)
+        how = "create+pwrite+fsync+close" if op == "write" else "open+preadv+close (page cache)"
+        return RawMeasurement(block_bytes * count, dt, f"one file per block: {how}, {concurrency} threads")
 
     def stats(self) -> BackendStats:
         return BackendStats(
