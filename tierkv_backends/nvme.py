@@ -454,6 +454,10 @@ class NvmeBackend(Backend):
             max_block_bytes=self._classes[-1],
             max_concurrency=self._qd,
             envelope_threshold=0.9,
+            # below 64 KiB the fixed work of a crash-safe slot (its header page, checksum and
+            # bookkeeping in Python) dominates a bare pwritev: graded per block instead
+            envelope_small_block_bytes=64 * 1024,
+            envelope_small_block_us=100.0,
         )
 
     # ------------------------------------------------------------------- lifecycle
