@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from tierkv import CodecError, ConfigError, DecodeError
 from tierkv.codecs import (
     LEVELS,
+    ROWMAX_LEVELS,
     CacheGenCodec,
     StaticModel,
     decode_block,
@@ -36,7 +37,7 @@ def _kv(
 @given(
     seed=st.integers(0, 2**32 - 1),
     entropy=st.sampled_from(["ans", "zstd", "raw"]),
-    level=st.sampled_from(sorted(LEVELS)),
+    level=st.sampled_from(sorted(ROWMAX_LEVELS)),
     anchor=st.sampled_from([0, 3, 10]),
     tokens=st.integers(1, 23),
 )
@@ -45,7 +46,7 @@ def test_symbols_round_trip_bit_exact(seed: int, entropy: str, level: int, ancho
     rng = np.random.default_rng(seed)
     kv = _kv(rng, tokens=tokens)
     kv[1, 1, 0] = 0  # a zero row is clamped
-    codec = CacheGenCodec(level=level, entropy=entropy, anchor=anchor)
+    codec = CacheGenCodec(level=level, scheme="rowmax", entropy=entropy, anchor=anchor)
     sym, step, scales, m = codec.quantize_array(kv, "float16")
     assert sym.max() <= 2 * m.max()
     out = codec.decode(codec.encode(kv, meta=meta_for(kv)), meta=meta_for(kv))
@@ -62,7 +63,7 @@ def test_dtypes_and_error_bound(dtype: str) -> None:
     rng = np.random.default_rng(0)
     kv32 = _kv(rng).astype(np.float32)
     arr = (kv32.view(np.uint32) >> 16).astype(np.uint16) if dtype == "bfloat16" else kv32.astype(dtype)
-    block = encode_block(arr, CacheGenCodec(level=3), dtype=dtype if dtype == "bfloat16" else None)
+    block = encode_block(arr, CacheGenCodec(level=3, scheme="rowmax"), dtype=dtype if dtype == "bfloat16" else None)
     out = decode_block(block)
     assert out.dtype == arr.dtype
     back = (out.astype(np.uint32) << 16).view(np.float32) if dtype == "bfloat16" else out.astype(np.float32)
@@ -86,28 +87,28 @@ def test_levels_trade_size_for_error() -> None:
 
 def test_static_model_round_trip_and_persistence(tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
-    base = CacheGenCodec(level=2)
+    base = CacheGenCodec(level=2, scheme="rowmax")
     model = StaticModel.calibrate([_kv(rng, tokens=32) for _ in range(3)], base)
     assert model.counts.min() >= 1
     model.save(tmp_path / "m.npz")
     loaded = StaticModel.load(tmp_path / "m.npz")
     assert loaded.id == model.id
-    codec = CacheGenCodec(level=2, table=register_static_model(loaded))
+    codec = CacheGenCodec(level=2, scheme="rowmax", table=register_static_model(loaded))
     kv = _kv(rng, tokens=16)
     block = encode_block(kv, codec)
     assert decode_block(block).tobytes() == decode_block(encode_block(kv, base)).tobytes()
     with pytest.raises(CodecError):
         encode_block(_kv(rng, layers=3), codec)  # model was calibrated for 4 layers
     with pytest.raises(ConfigError):
-        CacheGenCodec(level=3, table=model.id)  # other quantizer
+        CacheGenCodec(level=3, scheme="rowmax", table=model.id)  # other quantizer
     with pytest.raises(ConfigError):
         CacheGenCodec(table="sm-unknown")
 
 
 def test_unregistered_static_model_cannot_decode() -> None:
     rng = np.random.default_rng(6)
-    model = StaticModel.calibrate([_kv(rng)], CacheGenCodec(level=3))
-    codec = CacheGenCodec(level=3, table=register_static_model(model))
+    model = StaticModel.calibrate([_kv(rng)], CacheGenCodec(level=3, scheme="rowmax"))
+    codec = CacheGenCodec(level=3, scheme="rowmax", table=register_static_model(model))
     block = encode_block(_kv(rng), codec)
     from tierkv.codecs import _cachegen, _registry
 
@@ -128,6 +129,17 @@ def test_non_finite_and_bad_params() -> None:
         {"entropy": "huffman"},
         {"anchor": -1},
         {"table": "x", "entropy": "zstd"},
+        {"scheme": "rowmax", "level": 5},
+        {"scheme": "v9"},
+        {"step_scale": 0},
+        {"step_scale": True},
+        {"deadzone": 0.7},
+        {"profile": "no-such-profile"},
+        {"profile": ""},
+        {"sinks": 1},
+        {"zstd_level": -1},
+        {"scheme": "profile", "anchor": 3},
+        {"entropy": "ans", "step_scale": 1e-4},
     ):
         with pytest.raises(ConfigError):
             CacheGenCodec.from_params(bad)

@@ -110,4 +110,4 @@ def test_auto_caps_at_default_level_and_labels_are_unique() -> None:
     assert len(labels) == len(set(labels))
     tc = TierCodec.from_config(None, bandwidth_Bps=1e6)
     assert not tc.lossless and tc.params["level"] <= 2
-    assert TierCodec.from_config({"codec": "auto", "max_level": 4}, bandwidth_Bps=1e6).params["level"] == 4
+    assert TierCodec.from_config({"codec": "auto", "max_level": 3}, bandwidth_Bps=1e6).params["level"] == 3

@@ -17,6 +17,8 @@ from ._base import DTYPE_NAMES, BlockMeta, Codec, meta_for
 from ._cachegen import (
     DEFAULT_LEVEL,
     LEVELS,
+    ROWMAX_LEVELS,
+    SCHEMES,
     CacheGenCodec,
     StaticModel,
     get_static_model,
@@ -34,6 +36,7 @@ from ._choice import (
 from ._format import FORMAT_VERSION, BlockHeader, decode_block, encode_block, peek_header
 from ._lossless import Lz4Codec, RawCodec, ZstdCodec
 from ._pipeline import CodecPipeline, adecode_block, aencode_block
+from ._profiles import Profile, find_profile, get_profile, register_profile
 from ._registry import BUILTIN_CODECS, codec_from_params, list_codecs, load_codec_class
 from ._tier import TierCodec
 
@@ -44,6 +47,8 @@ __all__ = [
     "FORMAT_VERSION",
     "LEVELS",
     "MEASURED_CANDIDATES",
+    "ROWMAX_LEVELS",
+    "SCHEMES",
     "BlockHeader",
     "BlockMeta",
     "CacheGenCodec",
@@ -51,6 +56,7 @@ __all__ = [
     "CodecCandidate",
     "CodecChoice",
     "CodecPipeline",
+    "Profile",
     "Lz4Codec",
     "RawCodec",
     "StaticModel",
@@ -64,11 +70,14 @@ __all__ = [
     "decode_block",
     "encode_block",
     "fetch_decode_seconds",
+    "find_profile",
+    "get_profile",
     "get_static_model",
     "int8_codec",
     "list_codecs",
     "load_codec_class",
     "meta_for",
     "peek_header",
+    "register_profile",
     "register_static_model",
 ]

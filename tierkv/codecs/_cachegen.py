@@ -3,7 +3,16 @@
 Input: a KV array of layout ``(layers, 2, tokens, kv_heads, head_dim)`` in
 float16, bfloat16 (``uint16`` bit patterns, ``dtype="bfloat16"``) or float32.
 
-Quantization: every (layer, K/V, token) row of ``kv_heads * head_dim``
+Two schemes, named in the block's params (``scheme``):
+
+* ``"profile"`` (the default, levels :data:`LEVELS` 1-3): one step per
+  (layer, K/V, channel) from a measured sensitivity profile, attention-sink rows
+  in 8 bits, zstd over centred, profile-ordered symbols, table-driven float16
+  decode. See :mod:`tierkv.codecs._profile`.
+* ``"rowmax"`` (the first scheme, levels :data:`ROWMAX_LEVELS` 1-4), described
+  below. Blocks without a ``scheme`` field were written by it and still decode.
+
+Rowmax quantization: every (layer, K/V, token) row of ``kv_heads * head_dim``
 channels is scaled by its absolute maximum and rounded to ``2M + 1`` levels,
 ``M = (bins - 1) // 2`` (32 bins -> 31 levels, 16 -> 15, 256 -> 255 as in int8
 absmax). The step ``absmax / M`` is stored as float16 per row; an all-zero row
@@ -30,7 +39,7 @@ channel) — the symbols of one channel over the tokens of a chunk:
 * ``entropy="zstd"``: zstd over the channel-major symbol bytes: faster, larger.
 * ``entropy="raw"``: one byte per symbol (used by the int8 reference).
 
-Levels (presets; every field may be overridden):
+Rowmax levels (presets; every field may be overridden):
 
 ========  ==============================  ===================  ======  ======================
 level     key bins (hi/lo)                value bins (hi/lo)   anchor  key channel scale
@@ -54,6 +63,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import math
 import struct
 import threading
 from collections.abc import Iterable, Mapping
@@ -66,10 +76,14 @@ import numpy as np
 from .._errors import CodecError, ConfigError, DecodeError, InputError
 from .._options import opt_choice, opt_int, reject_unknown
 from ._base import BlockMeta, Codec, ParamValue
+from ._profile import decode_profile, encode_profile
+from ._profiles import Profile, find_profile, get_profile
 
 __all__ = [
     "DEFAULT_LEVEL",
     "LEVELS",
+    "ROWMAX_LEVELS",
+    "SCHEMES",
     "CacheGenCodec",
     "StaticModel",
     "dequantize",
@@ -81,31 +95,32 @@ __all__ = [
 
 DEFAULT_LEVEL = 2
 
-#: Quantizer presets per level (entropy mode and table are separate choices).
+#: Presets of the ``profile`` scheme (the default): ``step_scale`` multiplies the sensitivity profile's
+#: relative steps; zstd with tuned literal-coding parameters (``zstd_level`` 0, the default; 1-22 pick a
+#: standard level: 19 is ~4% smaller and ~80x slower to encode, 1 is ~5% larger).
 LEVELS: Mapping[int, Mapping[str, ParamValue]] = {
+    1: {"step_scale": 6e-5},
+    2: {"step_scale": 1e-4},
+    3: {"step_scale": 1.6e-4},
+}
+
+#: Presets of the ``rowmax`` scheme (the codec before profile steps; blocks written with it still decode).
+ROWMAX_LEVELS: Mapping[int, Mapping[str, ParamValue]] = {
     1: {"key_bins": [64, 32], "value_bins": [64, 32], "anchor": 0, "channel_scale": "k", "channel_power": 1.0},
     2: {"key_bins": [32, 16], "value_bins": [32, 16], "anchor": 0, "channel_scale": "k", "channel_power": 0.5},
     3: {"key_bins": [32, 16], "value_bins": [32, 16], "anchor": 0, "channel_scale": "none", "channel_power": 1.0},
     4: {"key_bins": [16, 8], "value_bins": [16, 8], "anchor": 0, "channel_scale": "none", "channel_power": 1.0},
 }
 
+SCHEMES = ("profile", "rowmax")
+_DEFAULT_STEP_SCALE = 1e-4  # the fallback's steps (no profile) scale with step_scale relative to this
 _ENTROPY = ("ans", "zstd", "raw")
 _SUB = struct.Struct("<II")
-_KNOWN = frozenset(
-    {
-        "level",
-        "key_bins",
-        "key_hi_layers",
-        "value_bins",
-        "value_hi_layers",
-        "anchor",
-        "channel_scale",
-        "channel_power",
-        "entropy",
-        "zstd_level",
-        "table",
-    }
+_ROWMAX_ONLY = frozenset(
+    {"key_bins", "key_hi_layers", "value_bins", "value_hi_layers", "anchor", "channel_scale", "channel_power", "table"}
 )
+_PROFILE_ONLY = frozenset({"profile", "step_scale", "sinks", "deadzone", "fallback_scale"})
+_KNOWN = _ROWMAX_ONLY | _PROFILE_ONLY | {"level", "scheme", "entropy", "zstd_level"}
 _CHANNEL_SCALE = ("none", "k", "kv")
 _KV_DTYPES = ("float16", "bfloat16", "float32")
 
@@ -314,21 +329,26 @@ def _bins_pair(params: Mapping[str, Any], key: str, default: list[int], entropy:
 class CacheGenCodec(Codec):
     """CacheGen-style quantization + entropy coding of a (layers, 2, tokens, kv_heads, head_dim) KV array.
 
-    See the module docstring for the scheme and the levels. ``encode`` raises
-    :class:`~tierkv.CodecError` for a wrong layout or dtype, non-finite
-    values, or a static model that does not fit the KV; ``decode`` raises
+    Two schemes (see the module docstring and :mod:`tierkv.codecs._profile`): ``"profile"`` (the default:
+    sensitivity-weighted per-channel steps, sink rows, zstd) and ``"rowmax"`` (per-token absmax with
+    layer-grouped bins, ``ans``/``zstd``/``raw`` entropy coding; the codec's first scheme). Without an
+    explicit ``scheme``, any rowmax-only field (bins, anchor, channel scale, table, ``entropy`` other than
+    zstd) selects ``rowmax``: blocks written before the profile scheme existed carry such fields and
+    decode as before. ``encode`` raises :class:`~tierkv.CodecError` for a wrong layout or dtype,
+    non-finite values, or a static model that does not fit the KV; ``decode`` raises
     :class:`~tierkv.DecodeError`. Thread-safe.
     """
 
     name = "cachegen"
     lossy = True
-    encode_mbps = 60.0
-    decode_mbps = 80.0
+    encode_mbps = 6.0
+    decode_mbps = 700.0
 
     def __init__(
         self,
         *,
         level: int | None = DEFAULT_LEVEL,
+        scheme: str | None = None,
         key_bins: list[int] | None = None,
         key_hi_layers: int | str = "third",
         value_bins: list[int] | None = None,
@@ -336,12 +356,50 @@ class CacheGenCodec(Codec):
         anchor: int | None = None,
         channel_scale: str | None = None,
         channel_power: float | None = None,
-        entropy: str = "ans",
-        zstd_level: int = 1,
+        entropy: str | None = None,
+        zstd_level: int | None = None,
         table: str = "chunk",
+        profile: str = "auto",
+        step_scale: float | None = None,
+        sinks: bool = True,
+        deadzone: float = 0.0,
+        fallback_scale: float = 0.5,
     ) -> None:
-        preset = LEVELS[level] if level is not None else LEVELS[DEFAULT_LEVEL]
+        if scheme is None:
+            rowmax_args = (key_bins, value_bins, anchor, channel_scale, channel_power)
+            rowmax = any(a is not None for a in rowmax_args) or table != "chunk" or entropy in ("ans", "raw")
+            scheme = "rowmax" if rowmax else "profile"
+        if scheme not in SCHEMES:
+            raise ConfigError("codec.scheme", scheme, "one of " + ", ".join(SCHEMES))
+        self.scheme = scheme
+        presets = LEVELS if scheme == "profile" else ROWMAX_LEVELS
+        if level is not None and level not in presets:
+            raise ConfigError("codec.level", level, "one of " + ", ".join(map(str, presets)) + " or null")
+        preset = presets[level] if level is not None else presets[DEFAULT_LEVEL]
         self.level = level
+        if scheme == "profile":
+            self.entropy = entropy if entropy is not None else "zstd"
+            if self.entropy != "zstd":
+                raise ConfigError("codec.entropy", self.entropy, "'zstd' (the profile scheme's only entropy coder)")
+            self.zstd_level = zstd_level if zstd_level is not None else 0
+            self.step_scale = float(step_scale if step_scale is not None else preset["step_scale"])  # type: ignore[arg-type]
+            if not (math.isfinite(self.step_scale) and self.step_scale > 0):
+                raise ConfigError("codec.step_scale", step_scale, "a positive number")
+            if not 0.0 <= deadzone < 0.5:
+                raise ConfigError("codec.deadzone", deadzone, "a number in [0, 0.5)")
+            if not (math.isfinite(fallback_scale) and fallback_scale > 0):
+                raise ConfigError("codec.fallback_scale", fallback_scale, "a positive number")
+            if profile not in ("auto", "none"):
+                get_profile(profile)  # ConfigError for an unknown profile
+            self.profile = profile
+            self.sinks = bool(sinks)
+            self.deadzone = float(deadzone)
+            self.fallback_scale = float(fallback_scale)
+            self.table = "chunk"
+            self._static: StaticModel | None = None
+            import zstandard
+
+            return
         self.key_bins = list(key_bins) if key_bins is not None else list(preset["key_bins"])  # type: ignore[arg-type]
         self.value_bins = list(value_bins) if value_bins is not None else list(preset["value_bins"])  # type: ignore[arg-type]
         self.key_hi_layers = key_hi_layers
@@ -351,21 +409,24 @@ class CacheGenCodec(Codec):
         self.channel_power = float(channel_power if channel_power is not None else preset.get("channel_power", 1.0))  # type: ignore[arg-type]
         if not 0.0 < self.channel_power <= 1.0:
             raise ConfigError("codec.channel_power", channel_power, "a number in (0, 1]")
-        self.entropy = entropy
-        self.zstd_level = zstd_level
+        self.entropy = entropy if entropy is not None else "ans"
+        self.zstd_level = zstd_level if zstd_level is not None else 1
         self.table = table
         self._static = get_static_model(table) if table != "chunk" else None
         if self._static is not None and dict(self._static.quantizer) != dict(self.quantizer_params):
             raise ConfigError("codec.table", table, "a static model calibrated with this codec's quantizer params")
-        if entropy == "zstd":
+        if self.entropy == "zstd":
             import zstandard  # noqa: F401
-        elif entropy == "ans":
+        elif self.entropy == "ans":
             import constriction  # noqa: F401
 
     # -- params
 
     @property
     def quantizer_params(self) -> Mapping[str, ParamValue]:
+        """Quantizer fields of the rowmax scheme (what a StaticModel is calibrated for); ``{}`` for profile."""
+        if self.scheme == "profile":
+            return {}
         return {
             "key_bins": list(self.key_bins),
             "key_hi_layers": self.key_hi_layers,
@@ -378,8 +439,20 @@ class CacheGenCodec(Codec):
 
     @property
     def params(self) -> Mapping[str, ParamValue]:
+        if self.scheme == "profile":
+            return {
+                "scheme": "profile",
+                "level": self.level,
+                "profile": self.profile,
+                "step_scale": self.step_scale,
+                "sinks": self.sinks,
+                "deadzone": self.deadzone,
+                "fallback_scale": self.fallback_scale,
+                "entropy": self.entropy,
+                "zstd_level": self.zstd_level,
+            }
         p = dict(self.quantizer_params)
-        p.update(level=self.level, entropy=self.entropy, table=self.table)
+        p.update(scheme="rowmax", level=self.level, entropy=self.entropy, table=self.table)
         if self.entropy == "zstd":
             p["zstd_level"] = self.zstd_level
         return p
@@ -387,10 +460,42 @@ class CacheGenCodec(Codec):
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> Self:
         reject_unknown(params, _KNOWN, prefix="codec")
+        scheme = params.get("scheme")
+        if scheme is None:
+            rowmax = bool(_ROWMAX_ONLY & set(params)) or params.get("entropy") in ("ans", "raw")
+            scheme = "rowmax" if rowmax else "profile"
+        if scheme not in SCHEMES:
+            raise ConfigError("codec.scheme", scheme, "one of " + ", ".join(SCHEMES) + " (a newer tierkv wrote it?)")
+        presets = LEVELS if scheme == "profile" else ROWMAX_LEVELS
         level_raw = params.get("level", DEFAULT_LEVEL)
-        if level_raw is not None and (isinstance(level_raw, bool) or level_raw not in LEVELS):
-            raise ConfigError("codec.level", level_raw, "one of " + ", ".join(map(str, LEVELS)) + " or null")
-        preset = LEVELS[level_raw if level_raw is not None else DEFAULT_LEVEL]
+        if level_raw is not None and (isinstance(level_raw, bool) or level_raw not in presets):
+            raise ConfigError("codec.level", level_raw, "one of " + ", ".join(map(str, presets)) + " or null")
+        preset = presets[level_raw if level_raw is not None else DEFAULT_LEVEL]
+        if scheme == "profile":
+            stray = sorted(_ROWMAX_ONLY & set(params))
+            if stray:
+                raise ConfigError(f"codec.{stray[0]}", params[stray[0]], "absent with scheme 'profile'")
+            entropy = opt_choice(params, "entropy", ("zstd",), "zstd", prefix="codec")
+            profile = params.get("profile", "auto")
+            if not isinstance(profile, str) or not profile:
+                raise ConfigError("codec.profile", profile, "'auto', 'none' or a registered profile name")
+            sinks = params.get("sinks", True)
+            if not isinstance(sinks, bool):
+                raise ConfigError("codec.sinks", sinks, "true or false")
+            return cls(
+                level=level_raw,
+                scheme="profile",
+                entropy=entropy,
+                zstd_level=opt_int(params, "zstd_level", 0, prefix="codec", minimum=0, maximum=22),
+                profile=profile,
+                step_scale=_positive(params, "step_scale", preset["step_scale"]),
+                sinks=sinks,
+                deadzone=_number(params, "deadzone", 0.0),
+                fallback_scale=_positive(params, "fallback_scale", 0.5),
+            )
+        stray = sorted(_PROFILE_ONLY & set(params))
+        if stray:
+            raise ConfigError(f"codec.{stray[0]}", params[stray[0]], "absent with scheme 'rowmax'")
         entropy = opt_choice(params, "entropy", _ENTROPY, "ans", prefix="codec")
         hi_layers = []
         for key, default in (("key_hi_layers", "third"), ("value_hi_layers", 2)):
@@ -405,6 +510,7 @@ class CacheGenCodec(Codec):
             raise ConfigError("codec.table", table, "'chunk' unless entropy is 'ans'")
         return cls(
             level=level_raw,
+            scheme="rowmax",
             key_bins=_bins_pair(params, "key_bins", preset["key_bins"], entropy),  # type: ignore[arg-type]
             value_bins=_bins_pair(params, "value_bins", preset["value_bins"], entropy),  # type: ignore[arg-type]
             key_hi_layers=hi_layers[0],
@@ -444,7 +550,9 @@ class CacheGenCodec(Codec):
     def quantize_array(
         self, array: np.ndarray[Any, Any], dtype: str
     ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], bytes, np.ndarray[Any, Any]]:
-        """Quantize a KV array: (symbols (L,2,T,C) uint8, steps (L,2,T) float16, channel scales bytes, M (L,2))."""
+        """Rowmax scheme: (symbols (L,2,T,C) uint8, steps (L,2,T) float16, channel scales bytes, M (L,2))."""
+        if self.scheme != "rowmax":
+            raise CodecError("cachegen: quantize_array is the rowmax scheme's; use quantize_profile for 'profile'")
         x = self._rows(array, dtype)
         m = self.half_ranges(x.shape[0])
         scales = b""
@@ -464,7 +572,31 @@ class CacheGenCodec(Codec):
         sym, step = quantize(x, m, self.anchor)
         return sym, step, scales, m
 
+    def profile_for(self, layers: int, channels: int) -> Profile | None:
+        """The sensitivity profile this codec uses for KV of that shape (None: the RMS fallback)."""
+        if self.profile == "none":
+            return None
+        if self.profile == "auto":
+            return find_profile(layers, channels)
+        profile = get_profile(self.profile)
+        if profile.codes.shape != (layers, 2, channels):
+            raise CodecError(
+                f"cachegen: profile {profile.name} is for {profile.codes.shape}, the KV is {(layers, 2, channels)}"
+            )
+        return profile
+
     def encode(self, array: np.ndarray[Any, Any], *, meta: BlockMeta) -> bytes:
+        if self.scheme == "profile":
+            x = self._rows(array, meta.dtype)
+            return encode_profile(
+                x,
+                self.profile_for(x.shape[0], x.shape[3]),
+                self.code_shift,
+                zstd_level=self.zstd_level,
+                fallback_scale=self.fallback_scale * self.step_scale / _DEFAULT_STEP_SCALE,
+                sinks=self.sinks,
+                deadzone=self.deadzone,
+            )
         sym, step, scales, m = self.quantize_array(array, meta.dtype)
         sym_t = np.ascontiguousarray(sym.transpose(0, 1, 3, 2))  # (L, 2, C, T): one channel's tokens together
         table = b""
@@ -478,6 +610,11 @@ class CacheGenCodec(Codec):
             table, stream = self._ans_encode(sym_t, m)
         return b"".join((_SUB.pack(len(table), len(stream)), step.tobytes(), scales, table, stream))
 
+    @property
+    def code_shift(self) -> int:
+        """``step_scale`` in eighth-octave step-code units (profile scheme)."""
+        return round(8 * math.log2(self.step_scale))
+
     def _n_scaled(self) -> int:
         return {"none": 0, "k": 1, "kv": 2}[self.channel_scale]
 
@@ -487,6 +624,8 @@ class CacheGenCodec(Codec):
         L, _, T, H, D = meta.shape
         C = H * D
         view = memoryview(payload).cast("B")
+        if self.scheme == "profile":
+            return decode_profile(view, (L, 2, T, C), meta.dtype).reshape(meta.shape)
         n_steps = L * 2 * T * 2
         n_scaled = self._n_scaled()
         n_scales = L * n_scaled * C * 2
@@ -636,6 +775,20 @@ def _dequant_f16(
     return out
 
 
+def _number(params: Mapping[str, Any], key: str, default: Any) -> float:
+    raw = params.get(key, default)
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
+        raise ConfigError(f"codec.{key}", raw, "a finite number")
+    return float(raw)
+
+
+def _positive(params: Mapping[str, Any], key: str, default: Any) -> float:
+    value = _number(params, key, default)
+    if value <= 0:
+        raise ConfigError(f"codec.{key}", value, "a positive number")
+    return value
+
+
 def _channel_power(params: Mapping[str, Any], preset: Mapping[str, Any]) -> float:
     raw = params.get("channel_power", preset.get("channel_power", 1.0))
     if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not 0.0 < float(raw) <= 1.0:
@@ -645,4 +798,6 @@ def _channel_power(params: Mapping[str, Any], preset: Mapping[str, Any]) -> floa
 
 def int8_codec() -> CacheGenCodec:
     """The 8-bit reference: the same absmax quantizer with 256 bins (255 levels) everywhere, no entropy coding."""
-    return CacheGenCodec(level=None, key_bins=[256, 256], value_bins=[256, 256], anchor=0, entropy="raw")
+    return CacheGenCodec(
+        level=None, scheme="rowmax", key_bins=[256, 256], value_bins=[256, 256], anchor=0, entropy="raw"
+    )

@@ -14,7 +14,7 @@ Config (a tier's ``codec`` table, or ``None``):
 
 * ``None`` / ``{}``: ``raw`` when no bandwidth is given; with ``bandwidth_Bps`` the
   same as ``{"codec": "auto"}``.
-* ``{"codec": "auto", "allow_lossy": true, "max_level": 3, "threads": 2}``: choose
+* ``{"codec": "auto", "allow_lossy": true, "max_level": 2, "threads": 2}``: choose
   (lossy levels up to ``max_level``, default :data:`DEFAULT_LEVEL`, the highest level
   that meets the quality goals) among the measured candidates (:data:`~tierkv.codecs._choice.MEASURED_CANDIDATES`,
   from ``tierkv codec-eval`` on SmolLM2-135M) the one of least fetch + decode time
