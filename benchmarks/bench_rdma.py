@@ -1,21 +1,25 @@
 """Envelope of the ``rdma`` backend against the raw Mooncake client, same run, same loopback.
 
-Starts a private ``mooncake_master`` on 127.0.0.1, opens one RdmaBackend
-(protocol auto: TCP here, which stands in for RDMA) and, for 1 MiB and 4 MiB
-blocks, interleaves within every round
+Starts a private ``mooncake_master`` on 127.0.0.1, opens one RdmaBackend (protocol
+auto: TCP here, which stands in for RDMA) and, for 1 MiB and 4 MiB blocks, moves
+``--mib`` MiB per side and round, three sides interleaved in every round (the order
+rotates and reverses from round to round, after one untimed warm-up round):
 
-* tierkv: ``--blocks`` blocks moved as the certify envelope does: batches of
-  8 MiB (``allocate_many`` + ``write_many``; ``read_many(into=...)``) by
-  ``max_concurrency`` tasks (header + checksum written and verified);
-* raw: ``RdmaBackend.raw_reference`` (same client, registered arena,
-  ``batch_put_from`` / ``batch_get_into`` of the same batch size on as many
-  threads; no header, no checksum, no bookkeeping).
+* tierkv: as the certify envelope drives a backend: batches of 8 MiB
+  (``allocate_many`` + ``write_many``; ``read_many(into=...)`` into caller buffers
+  allocated and touched before the clock starts) by ``max_concurrency`` tasks;
+  every block carries its header and xxh3 checksum, every read is verified;
+* raw: ``RdmaBackend.raw_reference``: the same client and batches, ``batch_put_from``
+  / ``batch_get_into`` from/into the registered arena, on the thread count (1, 2 or 4)
+  that is fastest for it; no header, no checksum, no bookkeeping;
+* raw+xxh3: the raw side plus one xxh3-64 pass over every byte it moved (of the
+  source before each put, of each block after its get) on the same threads: what
+  any client that checks every byte it returns must at least pay here, so the
+  ceiling of a verifying tier on this machine.
 
-Prints medians over ``--rounds`` rounds and the ratio tierkv / raw (target >= 0.9).
-The read buffers are allocated and touched before the clock starts (the raw side reads
-into its long-lived registered arena); ``--fresh-buffers`` allocates them inside the
-timed region instead, which adds first-touch page faults to the tierkv side only.
-Usage: ``python benchmarks/bench_rdma.py [--rounds 7] [--blocks 64] [--fresh-buffers] [--json out.json]``.
+Prints, per block size and op, medians (GB/s), the ratio of the medians and the
+median (with quartiles) of the per-round ratios tierkv / raw and raw+xxh3 / raw.
+Usage: ``python benchmarks/bench_rdma.py [--rounds 15] [--mib 128] [--json out.json]``.
 """
 
 from __future__ import annotations
@@ -25,34 +29,31 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import numpy as np
+import xxhash
 from tierkv_conformance._envelope import batch_blocks
 
 from tierkv_backends.rdma import RdmaBackend
 
+SIDES = ("tierkv", "raw", "raw+xxh3")
 
-async def _tierkv_round(b: RdmaBackend, size: int, blocks: int, rnd: int, fresh: bool = False) -> tuple[float, float]:
+
+async def _tierkv(b: RdmaBackend, size: int, count: int, rnd: int, pools: list[list[np.ndarray]]) -> dict[str, float]:
     data = np.random.default_rng(rnd + 1).integers(0, 256, size, dtype=np.uint8)
-    keys = [f"bench{size}r{rnd + 1}b{i}" for i in range(blocks)]
-    per = batch_blocks(size, blocks)
-    conc = b.capabilities.max_concurrency
-    # The caller's ``into`` buffers, allocated and touched before the clock starts, as the
-    # raw side's registered arena is: first-touch page faults (~1.7 GB/s on this VM) are a
-    # cost of the caller's allocator, not of the tier. ``fresh`` allocates them inside
-    # the timed region instead (the previous behaviour of this script).
-    ready = [] if fresh else [[np.ones(size, np.uint8) for _ in range(per)] for _ in range(conc)]
+    keys = [f"bench{size}r{rnd + 1}b{i}" for i in range(count)]
+    per = batch_blocks(size, count)
+    out: dict[str, float] = {}
+    for op in ("write", "read"):
+        parts = iter([keys[i : i + per] for i in range(0, count, per)])
 
-    async def drive(op: str) -> float:
-        parts = iter([keys[i : i + per] for i in range(0, blocks, per)])
-        pool = iter(ready)
-
-        async def worker() -> None:
-            outs = next(pool, None) or [np.empty(size, np.uint8) for _ in range(per)]
+        async def worker(outs: list[np.ndarray], op: str = op, parts: Any = parts) -> None:
             for part in parts:
                 if op == "write":
                     allocs = await b.allocate_many([(k, size, b"") for k in part])
@@ -62,44 +63,121 @@ async def _tierkv_round(b: RdmaBackend, size: int, blocks: int, rnd: int, fresh:
 
         t0 = time.perf_counter()
         async with anyio.create_task_group() as tg:
-            for _ in range(conc):
-                tg.start_soon(worker)
-        return size * blocks / (time.perf_counter() - t0) / 1e9
-
-    w = await drive("write")
-    r = await drive("read")
-    check = await b.read_many(keys[:per], into=[np.empty(size, np.uint8) for _ in range(per)])
+            for outs in pools:
+                tg.start_soon(worker, outs)
+        out[op] = size * count / (time.perf_counter() - t0) / 1e9
+    check = await b.read_many(keys[-per:], into=[np.empty(size, np.uint8) for _ in range(per)])
     if not all(bytes(v) == data.tobytes() for v in check):  # untimed
         raise SystemExit("wrong bytes")
     await b.evict_many(keys)
-    return w, r
+    return out
 
 
-async def run(rounds: int, blocks: int, fresh: bool = False) -> dict[str, Any]:
+def _raw_xxh3(b: RdmaBackend, op: str, size: int, count: int, threads: int, rnd: int) -> float:
+    """The raw client's batches on ``threads`` threads plus one xxh3 pass over every byte moved."""
+    store, staging = b._store, b._staging
+    assert store is not None and staging is not None
+    per = batch_blocks(size, count)
+    keys = [f"tierkv/{b.namespace}/__rawx__{rnd}.{i}" for i in range(count)]
+    batches = [keys[i : i + per] for i in range(0, count, per)]
+    offs = staging.alloc_many([per * size] * threads, time.monotonic() + 30)
+    for off in offs:
+        staging.array[off : off + per * size] = 0x5A
+    try:
+        if op == "read":
+            for part in batches:
+                store.batch_put_from(part, [staging.ptr + offs[0]] * len(part), [size] * len(part))
+        todo = iter(batches)
+        lock = threading.Lock()
+
+        def worker(off: int) -> None:
+            ptrs = [staging.ptr + off + j * size for j in range(per)]
+            views = [staging.view[off + j * size : off + (j + 1) * size] for j in range(per)]
+            while True:
+                with lock:
+                    part = next(todo, None)
+                if part is None:
+                    return
+                n = len(part)
+                if op == "write":
+                    for _ in range(n):
+                        xxhash.xxh3_64_intdigest(views[0])
+                    store.batch_put_from(part, [ptrs[0]] * n, [size] * n)
+                else:
+                    store.batch_get_into(part, ptrs[:n], [size] * n)
+                    for j in range(n):
+                        xxhash.xxh3_64_intdigest(views[j])
+
+        pool = [threading.Thread(target=worker, args=(off,)) for off in offs]
+        t0 = time.perf_counter()
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        return size * count / (time.perf_counter() - t0) / 1e9
+    finally:
+        store.batch_remove(keys, True)
+        staging.free_many(offs, [per * size] * threads)
+
+
+async def _side(
+    b: RdmaBackend, side: str, size: int, count: int, rnd: int, pools: list[list[np.ndarray]]
+) -> dict[str, float]:
+    conc = b.capabilities.max_concurrency
+    if side == "tierkv":
+        return await _tierkv(b, size, count, rnd, pools)
+    out: dict[str, float] = {}
+    for op in ("write", "read"):
+        m = await b.raw_reference(op, size, count, conc)  # calibrates its thread count on first use
+        if side == "raw":
+            out[op] = m.gbps
+        else:
+            threads = int(m.method.split(" thread")[0].rsplit(" ", 1)[1])
+            out[op] = await anyio.to_thread.run_sync(_raw_xxh3, b, op, size, count, threads, rnd)
+    return out
+
+
+def _q(xs: list[float]) -> tuple[float, float, float]:
+    if len(xs) < 2:
+        return xs[0], xs[0], xs[0]
+    q = statistics.quantiles(xs, n=4)
+    return q[0], statistics.median(xs), q[2]
+
+
+async def run(rounds: int, mib: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-rdma-") as tmp:
         opts = RdmaBackend.default_options(Path(tmp))
+        opts.update({"global_segment_size": "2GiB", "capacity": "1GiB"})
         b = await RdmaBackend.open(opts, name="rdma")
         try:
             st = b.stats()
-            result: dict[str, Any] = {"io_path": st.io_path, "emulated": st.emulated, "fresh": fresh, "sizes": {}}
+            result: dict[str, Any] = {"io_path": st.io_path, "emulated": st.emulated, "rounds": rounds, "sizes": {}}
             for size in (1 << 20, 4 << 20):
-                tw, tr, rw, rr = [], [], [], []
-                await _tierkv_round(b, size, min(blocks, 4), -1)  # warm-up
+                count = max(8, (mib << 20) // size)
+                per = batch_blocks(size, count)
+                # the caller's read buffers, allocated and touched before the clock starts, as the
+                # raw side's registered arena is (first-touch page faults belong to the caller)
+                pools = [[np.ones(size, np.uint8) for _ in range(per)] for _ in range(b.capabilities.max_concurrency)]
+                got: dict[str, dict[str, list[float]]] = {s: {"write": [], "read": []} for s in SIDES}
+                for side in SIDES:  # warm-up, untimed
+                    await _side(b, side, size, count, -1, pools)
                 for rnd in range(rounds):
-                    w, r = await _tierkv_round(b, size, blocks, rnd, fresh)
-                    tw.append(w)
-                    tr.append(r)
-                    conc = b.capabilities.max_concurrency
-                    rw.append((await b.raw_reference("write", size, blocks, conc)).gbps)
-                    rr.append((await b.raw_reference("read", size, blocks, conc)).gbps)
-                row = {
-                    "tierkv_write_gbps": statistics.median(tw),
-                    "raw_write_gbps": statistics.median(rw),
-                    "tierkv_read_gbps": statistics.median(tr),
-                    "raw_read_gbps": statistics.median(rr),
-                }
-                row["write_ratio"] = row["tierkv_write_gbps"] / row["raw_write_gbps"]
-                row["read_ratio"] = row["tierkv_read_gbps"] / row["raw_read_gbps"]
+                    order = list(SIDES[rnd % 3 :] + SIDES[: rnd % 3])
+                    for side in order[::-1] if rnd % 2 else order:
+                        for op, g in (await _side(b, side, size, count, rnd, pools)).items():
+                            got[side][op].append(g)
+                row: dict[str, Any] = {"blocks": count, "batch": per}
+                for op in ("write", "read"):
+                    raw = got["raw"][op]
+                    for side in SIDES:
+                        row[f"{side}_{op}_gbps"] = statistics.median(got[side][op])
+                        row[f"{side}_{op}_all"] = [round(x, 3) for x in got[side][op]]
+                    for side in ("tierkv", "raw+xxh3"):
+                        paired = [x / r for x, r in zip(got[side][op], raw, strict=True)]
+                        row[f"{side}_{op}_ratio"] = statistics.median(got[side][op]) / statistics.median(raw)
+                        row[f"{side}_{op}_paired"] = _q(paired)
+                m = await b.raw_reference("read", size, count, b.capabilities.max_concurrency)
+                row["raw_method"] = m.method
                 result["sizes"][f"{size >> 20}MiB"] = row
             return result
         finally:
@@ -108,23 +186,25 @@ async def run(rounds: int, blocks: int, fresh: bool = False) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
-    p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--blocks", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--mib", type=int, default=128, help="MiB moved per side, op and round")
     p.add_argument("--json", type=Path, default=None)
-    p.add_argument(
-        "--fresh-buffers", action="store_true", help="allocate the read buffers inside the timed region (page faults)"
-    )
     args = p.parse_args(argv)
-    res = anyio.run(run, args.rounds, args.blocks, args.fresh_buffers)
+    res = anyio.run(run, args.rounds, args.mib)
+    print(f"io_path={res['io_path']} emulated={res['emulated']} (medians of {args.rounds} interleaved rounds, GB/s)")
     print(
-        f"io_path={res['io_path']} emulated={res['emulated']} fresh_buffers={res['fresh']} "
-        f"(medians of {args.rounds} rounds, GB/s)"
+        f"{'block':>6} {'op':>5} {'tierkv':>7} {'raw':>7} {'raw+xxh3':>8}  {'tierkv/raw':>10} "
+        f"{'(paired: q1 median q3)':>24}  {'raw+xxh3/raw':>12} {'(paired)':>8}"
     )
-    print(f"{'block':>6} {'op':>5} {'tierkv':>8} {'raw':>8} {'ratio':>6}")
     for size, row in res["sizes"].items():
         for op in ("write", "read"):
-            t, r = row[f"tierkv_{op}_gbps"], row[f"raw_{op}_gbps"]
-            print(f"{size:>6} {op:>5} {t:8.2f} {r:8.2f} {t / r:6.2f}")
+            t, r, c = (row[f"{s}_{op}_gbps"] for s in SIDES)
+            tq, cq = row[f"tierkv_{op}_paired"], row[f"raw+xxh3_{op}_paired"]
+            print(
+                f"{size:>6} {op:>5} {t:7.2f} {r:7.2f} {c:8.2f}  {t / r:10.2f} "
+                f"{f'{tq[0]:.2f} {tq[1]:.2f} {tq[2]:.2f}':>24}  {c / r:12.2f} {cq[1]:8.2f}"
+            )
+        print(f"{'':>6} raw reference: {row['raw_method']}")
     if args.json:
         args.json.write_text(json.dumps(res, indent=2))
     return 0

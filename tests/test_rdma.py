@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import numpy as np
 import pytest
 
@@ -27,7 +30,7 @@ from tierkv._errors import (
     PluginUnavailableError,
 )
 from tierkv_backends._mooncake import ERROR_CODES, MasterProcess, code_name, translate
-from tierkv_backends.rdma import HEADER_BYTES, RdmaBackend
+from tierkv_backends.rdma import _ALGO_CRC32, _ALGO_XXH3, HEADER_BYTES, RdmaBackend, _checksum, _checksum_parts
 
 pytestmark = pytest.mark.anyio
 _HAS_IB_SYSFS = Path("/sys/class/infiniband").exists()
@@ -156,6 +159,65 @@ async def test_namespaces_isolate_blocks(clients: Clients) -> None:
     assert await b.evict("same") is True  # under a read lease: retried until it expired (force_evict false)
 
 
+async def test_allocate_many_is_all_or_nothing(clients: Clients) -> None:
+    b, c = clients.a, clients.c
+    s0 = b.stats()
+    with pytest.raises(BlockExistsError):
+        await b.allocate_many([("aon1", 10, b""), ("aon2", 20, b"t"), ("aon1", 30, b"")])
+    with pytest.raises(CapacityError):  # c: 1 MiB capacity
+        await c.allocate_many([("aon3", 600_000, b""), ("aon4", 600_000, b"")])
+    with pytest.raises(InputError):
+        await b.allocate_many([("aon5", 10, b""), ("bad key!", 10, b"")])
+    st = b.stats()
+    assert (st.reserved_bytes, st.used_bytes) == (s0.reserved_bytes, s0.used_bytes) and c.stats().reserved_bytes == 0
+    allocs = await b.allocate_many([("aon1", 3, b"t"), ("aon2", 4, b"")])  # nothing was left behind
+    await b.write_many(allocs, [b"abc", b"defg"])
+    assert [bytes(v) for v in await b.read_many(["aon1", "aon2"])] == [b"abc", b"defg"]
+    assert await b.evict_many(["aon1", "aon2"]) == [True, True]
+
+
+def test_checksum_parts_is_the_checksum_of_the_concatenation() -> None:
+    payload = memoryview(_blob(100_000, 7).tobytes())
+    for algo in (_ALGO_XXH3, _ALGO_CRC32):
+        for parts in ([b"", payload], [b"tag", payload], [payload, b""], [b"", b""], [b"tag"], [b"a", b"", b"bc"]):
+            whole = memoryview(b"".join(bytes(p) for p in parts))
+            assert _checksum_parts(algo, parts) == _checksum(algo, whole)
+
+
+async def test_run_waits_for_a_running_call_and_never_starts_a_cancelled_one(anyio_backend: str) -> None:
+    b = RdmaBackend({"master": "127.0.0.1:1", "max_concurrency": 1, "timeout": 5.0})  # never opened
+    ran: list[str] = []
+    started, release = threading.Event(), threading.Event()
+
+    def blocker() -> int:
+        started.set()
+        release.wait(5)
+        ran.append("blocker")
+        return 1
+
+    async def run_blocker() -> None:
+        await b._run(blocker, what="blocker")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run_blocker)
+        await anyio.to_thread.run_sync(started.wait, 5)
+        with anyio.move_on_after(0.2):  # queued behind the only worker: cancelled before it starts
+            await b._run(lambda: ran.append("never"), what="queued")
+        threading.Timer(0.5, release.set).start()
+        t0 = time.monotonic()
+        tg.cancel_scope.cancel()  # the running call's caller returns only once the call is done
+    assert time.monotonic() - t0 >= 0.4 and ran == ["blocker"]
+    await anyio.sleep(0.1)
+    assert ran == ["blocker"]
+    # a call that outlives ``timeout`` is a BackendIOError (counted); the thread finishes on its own
+    t = RdmaBackend({"master": "127.0.0.1:1", "timeout": 0.2})
+    gate = threading.Event()
+    with pytest.raises(BackendIOError, match="did not finish within"):
+        await t._run(lambda: gate.wait(5), what="slow")
+    gate.set()
+    assert t.stats().details["timeouts"] == 1
+
+
 def test_error_code_translation() -> None:
     assert isinstance(translate(-704, op="get", key="k"), BlockNotFoundError)
     assert isinstance(translate(-703, op="get"), BlockNotFoundError)
@@ -278,7 +340,7 @@ async def test_start_master_default_options_and_raw_reference(tmp_path_factory: 
         for op in ("write", "read"):
             m = await b.raw_reference(op, 1 << 20, 12, 2)
             assert isinstance(m, RawMeasurement) and m.nbytes == 12 << 20 and m.gbps > 0
-            assert "batches of 8" in m.method
+            assert "batches of 8" in m.method and "(fastest of 1/2)" in m.method
         with pytest.raises(InputError):
             await b.raw_reference("scan", 1 << 20, 3, 1)
         assert b.stats().blocks == 1  # raw objects are not accounted

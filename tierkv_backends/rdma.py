@@ -34,10 +34,12 @@ Contract notes (see :mod:`tierkv._backend` for the shared contract):
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import itertools
 import mmap
 import re
 import socket
+import statistics
 import struct
 import threading
 import time
@@ -126,40 +128,57 @@ _KNOWN = frozenset(
 
 
 # ------------------------------------------------------------------ checksum
-def _checksum(algo: int, region: memoryview) -> int:
-    if algo == _ALGO_XXH3:
-        import xxhash
+def _xxh3_module() -> Any:
+    """The ``xxhash`` module, or None when it is not installed (looked up once: this is on
+    every block's path, and an ``import`` statement per call costs more than the lookup)."""
+    global _XXHASH
+    if _XXHASH is False:
+        try:
+            import xxhash
+        except ImportError:
+            _XXHASH = None
+        else:
+            _XXHASH = xxhash
+    return _XXHASH
 
-        return int(xxhash.xxh3_64_intdigest(region))
+
+_XXHASH: Any = False  # not looked up yet
+
+
+def _checksum(algo: int, region: memoryview | bytes) -> int:
+    if algo == _ALGO_XXH3:
+        return int(_xxh3_module().xxh3_64_intdigest(region))
     return zlib.crc32(region)
 
 
 def _checksum_parts(algo: int, parts: Sequence[memoryview | bytes]) -> int:
-    """The checksum of the concatenation of ``parts`` without concatenating them."""
+    """The checksum of the concatenation of ``parts`` without concatenating them
+    (one-shot when at most one part is non-empty: same value, less work)."""
+    nonempty = [p for p in parts if len(p)]
+    if len(nonempty) <= 1:
+        return _checksum(algo, nonempty[0] if nonempty else b"")
     if algo == _ALGO_XXH3:
-        import xxhash
-
-        h = xxhash.xxh3_64()
-        for p in parts:
+        h = _xxh3_module().xxh3_64()
+        for p in nonempty:
             h.update(p)
         return int(h.intdigest())
     crc = 0
-    for p in parts:
+    for p in nonempty:
         crc = zlib.crc32(p, crc)
     return crc
 
 
 def _address(mv: memoryview) -> int:
     """Address of a contiguous byte view (read-only views too)."""
-    return int(np.frombuffer(mv, dtype=np.uint8).ctypes.data) if len(mv) else 0
+    if not len(mv):
+        return 0
+    if not mv.readonly:  # ctypes is ~7x cheaper than numpy here; it needs a writable buffer
+        return ctypes.addressof(ctypes.c_char.from_buffer(mv))
+    return int(np.frombuffer(mv, dtype=np.uint8).ctypes.data)
 
 
 def _xxhash_available() -> bool:
-    try:
-        import xxhash  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return _xxh3_module() is not None
 
 
 # --------------------------------------------------------------- staging arena
@@ -349,6 +368,7 @@ class RdmaBackend(Backend):
         self._used = 0
         self._reserved = 0
         self._handles = itertools.count(1)
+        self._raw_threads: dict[tuple[str, int, int, int, int], int] = {}  # raw_reference's choice
         self._c = {
             "reads": 0,
             "writes": 0,
@@ -543,39 +563,42 @@ class RdmaBackend(Backend):
         already running is waited for (shielded, at most ``timeout``) so that no
         put or remove lands after the cancelled operation returned.
         """
-        lock = threading.Lock()
-        state = {"started": False, "skip": False}
-        done = threading.Event()
+        # Who runs first decides: the worker claims the call (and holds ``busy`` while it
+        # runs), or the caller gave up before it started and the call never starts.
+        # ``dict.setdefault`` with a str key is atomic under the GIL; no Event or
+        # Condition per call (this is on every batch's path).
+        claim: dict[str, str] = {}
+        busy = threading.Lock()
 
         def call() -> T:
-            with lock:
-                if state["skip"]:
+            with busy:
+                if claim.setdefault("by", "worker") != "worker":
                     raise _Skipped(what)
-                state["started"] = True
-            try:
                 return fn()
-            finally:
-                done.set()
 
         try:
             with anyio.fail_after(self._timeout):
                 return await anyio.to_thread.run_sync(call, limiter=self._limiter, abandon_on_cancel=True)
         except TimeoutError as exc:
-            with lock:
-                state["skip"] = True
-            self._c["timeouts"] += 1
-            raise BackendIOError(
-                f"mooncake {what} did not finish within {self._timeout:g}s (master or peer unresponsive)",
-                tier=self.name,
-            ) from exc
+            claim.setdefault("by", "caller")
+            raise self._timed_out(what) from exc
         except anyio.get_cancelled_exc_class():
-            with lock:
-                state["skip"] = True
-                started = state["started"]
-            if started:
+            if claim.setdefault("by", "caller") == "worker":  # already running: let it finish first
                 with anyio.CancelScope(shield=True), anyio.move_on_after(self._timeout):
-                    await anyio.to_thread.run_sync(done.wait, self._timeout, abandon_on_cancel=True)
+                    await anyio.to_thread.run_sync(self._wait_released, busy, self._timeout, abandon_on_cancel=True)
             raise
+
+    def _timed_out(self, what: str) -> BackendIOError:
+        self._c["timeouts"] += 1
+        return BackendIOError(
+            f"mooncake {what} did not finish within {self._timeout:g}s (master or peer unresponsive)",
+            tier=self.name,
+        )
+
+    @staticmethod
+    def _wait_released(lock: threading.Lock, timeout: float) -> None:
+        if lock.acquire(timeout=timeout):
+            lock.release()
 
     def _lost(self, key: str) -> None:
         """A block this client committed is gone from the pool (not by our evict)."""
@@ -588,6 +611,22 @@ class RdmaBackend(Backend):
     async def allocate(self, key: str, nbytes: int, *, tag: bytes = b"") -> Allocation:
         """Reserve ``nbytes`` under ``key`` in this client's budget (see the class doc)."""
         self._check_open()
+        return self._allocate(key, nbytes, tag)
+
+    async def allocate_many(self, items: Sequence[tuple[str, int, bytes]]) -> list[Allocation]:
+        """Reserve several blocks, all or nothing (local bookkeeping only: no round trip)."""
+        self._check_open()
+        done: list[Allocation] = []
+        try:
+            for key, nbytes, tag in items:
+                done.append(self._allocate(key, nbytes, tag))
+        except BaseException:
+            for a in done:
+                self._drop_pending(a)
+            raise
+        return done
+
+    def _allocate(self, key: str, nbytes: int, tag: bytes) -> Allocation:
         check_allocation(key, nbytes, tag, max_block_bytes=self._max_block, tier=self.name)
         if key in self._committed or key in self._pending:
             raise BlockExistsError(f"block {key!r} exists", tier=self.name)
@@ -780,7 +819,11 @@ class RdmaBackend(Backend):
         """TCP fast path: header+tag into the arena, payload straight into ``into``
         (``batch_get_into_multi_buffers``), verified in place. Returns the
         outcomes, the items to redo through the staging path (size or layout
-        changed) and the keys to quarantine."""
+        changed) and the keys to quarantine.
+
+        Objects are verified in the reverse of the order Mooncake copied them:
+        the last one copied is the most likely to still be in the CPU caches, and
+        hashing oldest-first would make every miss evict the next object to hash."""
         staging, store = self._staging, self._store
         assert staging is not None and store is not None
         out: dict[int, _Got] = {}
@@ -789,16 +832,25 @@ class RdmaBackend(Backend):
         heads = [items[i][3] for i in idx]
         offs = staging.alloc_many(heads, deadline)
         try:
+            base = staging.ptr
             ptrs: list[list[int]] = []
             lens: list[list[int]] = []
+            keys: list[str] = []
             for i, off, h in zip(idx, offs, heads, strict=True):
-                _, size, into, _ = items[i]
+                skey, size, into, _ = items[i]
                 assert into is not None
                 n = size - h
-                ptrs.append([staging.ptr + off] + ([_address(into[:n])] if n else []))
-                lens.append([h] + ([n] if n else []))
-            res = [int(r) for r in store.batch_get_into_multi_buffers([items[i][0] for i in idx], ptrs, lens)]
-            for i, off, h, r in zip(idx, offs, heads, res, strict=True):
+                keys.append(skey)
+                if n:
+                    ptrs.append([base + off, _address(into[:n])])
+                    lens.append([h, n])
+                else:
+                    ptrs.append([base + off])
+                    lens.append([h])
+            res = [int(r) for r in store.batch_get_into_multi_buffers(keys, ptrs, lens)]
+            view = staging.view
+            for j in range(len(idx) - 1, -1, -1):
+                i, off, h, r = idx[j], offs[j], heads[j], res[j]
                 skey, size, into, _ = items[i]
                 assert into is not None
                 if r in _NOT_FOUND:
@@ -808,16 +860,17 @@ class RdmaBackend(Backend):
                     redo.append(i)
                     continue
                 payload = into[: size - h]
-                problem, _, nbytes = self._verify(skey, staging.view[off : off + h], r, payload)
+                problem = self._verify(skey, view[off : off + h], r, payload)[0]
                 if problem == "layout mismatch":
                     redo.append(i)
                 elif problem:
                     quarantine.append(skey)
                     out[i] = _Got(integrity=problem)
                 else:
-                    out[i] = _Got(data=into[:nbytes])
+                    out[i] = _Got(data=payload)
         finally:
             staging.free_many(offs, heads)
+        redo.reverse()
         return out, redo, quarantine
 
     def _get_work(self, items: list[tuple[str, int, memoryview | None, int]], deadline: float) -> list[_Got]:
@@ -1110,16 +1163,21 @@ class RdmaBackend(Backend):
     # ------------------------------------------------------------ raw reference
     async def raw_reference(self, op: str, block_bytes: int, count: int, concurrency: int) -> RawMeasurement:
         """The raw Mooncake client on this backend's own connection
-        (:class:`tierkv_conformance.SupportsRawReference`).
+        (:class:`tierkv_conformance.SupportsRawReference`): the best it does with
+        the batches the envelope gives the backend.
 
-        Moves ``count`` objects of ``block_bytes`` the way the envelope drives
-        the backend: batches of ``batch_blocks(block_bytes, count)`` objects
-        (one ``batch_put_from`` / ``batch_get_into`` per batch, one batch per
-        thread hop) over ``concurrency`` worker threads, from and into this
-        backend's registered arena. No header, no checksum, no copy, no
-        bookkeeping: the envelope's denominator. Reads put their objects first
-        (untimed) and read each once. Keys live under
-        ``tierkv/<namespace>/__raw__`` and are removed afterwards.
+        Moves ``count`` objects of ``block_bytes`` in batches of
+        ``batch_blocks(block_bytes, count)`` objects (one ``batch_put_from`` /
+        ``batch_get_into`` per batch) from and into this backend's registered
+        arena, on the number of threads (powers of two up to ``concurrency``)
+        that was fastest for this (op, size, batch, concurrency): chosen once by
+        interleaved trials (median of 3) and remembered, so that the reference is
+        the client at its best, not at a thread count that happens to suit it
+        less (on a loopback the copy runs in one Mooncake memcpy thread, and 2
+        callers can beat 4). No header, no checksum, no copy, no bookkeeping: the
+        envelope's denominator. Reads put their objects first (untimed) and read
+        each once per trial. Keys live under ``tierkv/<namespace>/__raw__`` and
+        are removed afterwards.
 
         Raises InputError (bad arguments), BackendIOError (a call failed or
         the arena could not hold the buffers).
@@ -1137,20 +1195,19 @@ class RdmaBackend(Backend):
         staging, store = self._staging, self._store
         assert staging is not None
         per = batch_blocks(block_bytes, count)
-        threads = max(1, min(concurrency, -(-count // per), (staging.size // 2) // (per * block_bytes)))
-        if threads * per * block_bytes > staging.size // 2 and per > 1:
+        most = max(1, min(concurrency, -(-count // per), (staging.size // 2) // (per * block_bytes)))
+        if most * per * block_bytes > staging.size // 2 and per > 1:
             raise InputError(f"raw_reference: a batch of {per} x {block_bytes} B does not fit the staging arena")
+        candidates = sorted({most, *(1 << i for i in range(most.bit_length()) if 1 << i <= most)})
         base = f"tierkv/{self._namespace}/__raw__{next(self._handles)}"
         keys = [f"{base}.{i}" for i in range(count)]
         batches = [keys[i : i + per] for i in range(0, count, per)]
+        ident = (op, block_bytes, per, count, concurrency)
+        chosen = self._raw_threads.get(ident)
         deadline = time.monotonic() + self._timeout
         failed: list[int] = []
 
-        def work() -> float:
-            sizes = [per * block_bytes] * threads
-            offs = staging.alloc_many(sizes, deadline)
-            for off in offs:
-                staging.array[off : off + per * block_bytes] = 0x5A
+        def run(offs: list[int], threads: int) -> float:
             todo = iter(batches)
             lock = threading.Lock()
 
@@ -1172,33 +1229,54 @@ class RdmaBackend(Backend):
                         failed.append(bad[0])
                         return
 
+            pool = [threading.Thread(target=worker, args=(off,)) for off in offs[:threads]]
+            t0 = time.perf_counter()
+            for t in pool:
+                t.start()
+            for t in pool:
+                t.join()
+            seconds = time.perf_counter() - t0
+            if op == "write":  # the next trial writes the same keys again
+                store.batch_remove(keys, True)
+            return seconds
+
+        def work() -> tuple[float, int]:
+            sizes = [per * block_bytes] * most
+            offs = staging.alloc_many(sizes, deadline)
+            for off in offs:
+                staging.array[off : off + per * block_bytes] = 0x5A
             try:
                 if op == "read":
                     for part in batches:
                         rc = store.batch_put_from(part, [staging.ptr + offs[0]] * len(part), [block_bytes] * len(part))
                         if any(int(c) != 0 for c in rc):
                             failed.append(min(int(c) for c in rc))
-                            return 0.0
-                pool = [threading.Thread(target=worker, args=(off,)) for off in offs]
-                t0 = time.perf_counter()
-                for t in pool:
-                    t.start()
-                for t in pool:
-                    t.join()
-                return time.perf_counter() - t0
+                            return 0.0, 0
+                threads = chosen
+                if threads is None:
+                    trials: dict[int, list[float]] = {t: [] for t in candidates}
+                    for r in range(3):
+                        for t in candidates if r % 2 == 0 else candidates[::-1]:
+                            trials[t].append(run(offs, t))
+                            if failed:
+                                return 0.0, 0
+                    threads = min(candidates, key=lambda t: statistics.median(trials[t]))
+                return run(offs, threads), threads
             finally:
                 with contextlib.suppress(Exception):
                     store.batch_remove(keys, True)
                 staging.free_many(offs, sizes)
 
         try:
-            seconds = await self._run(work, what="raw_reference")
+            seconds, threads = await self._run(work, what="raw_reference")
         except TimeoutError as exc:  # the arena stayed busy past the deadline
             raise BackendIOError(f"raw_reference: {exc}", tier=self.name) from exc
         if failed:
             raise BackendIOError(f"raw {op} failed: {code_name(failed[0])}", tier=self.name)
+        self._raw_threads[ident] = threads
+        tried = "/".join(str(t) for t in candidates)
         method = (
             f"mooncake {'batch_put_from' if op == 'write' else 'batch_get_into'} ({self._protocol}), "
-            f"batches of {per}, {threads} thread{'s' if threads > 1 else ''}, registered buffers"
+            f"batches of {per}, {threads} thread{'s' if threads > 1 else ''} (fastest of {tried}), registered buffers"
         )
         return RawMeasurement(block_bytes * count, seconds, method)

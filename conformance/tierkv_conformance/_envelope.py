@@ -342,13 +342,14 @@ async def measure_envelope(
                 lat: list[float] = []
                 raw: list[float] = []
                 method = ""
-                if rdma is not None and not quick:  # untimed warm-up pair (connections, caches, raw thread count)
+                ref = cur if rdma is not None and isinstance(cur, SupportsRawReference) else None
+                if ref is not None and not quick:  # untimed warm-up pair (connections, caches, raw thread count)
                     await _measure_backend(cur, op, size, count, concurrency, reps)
-                    await rdma.raw_reference(op, size, count, concurrency)
+                    await ref.raw_reference(op, size, count, concurrency)
                 for rep in range(reps):
                     first: RawMeasurement | None = None
-                    if rdma is not None and rep % 2:  # raw side first on odd repetitions
-                        first = await rdma.raw_reference(op, size, count, concurrency)
+                    if ref is not None and rep % 2:  # raw side first on odd repetitions
+                        first = await ref.raw_reference(op, size, count, concurrency)
                     g, l_ = await _measure_backend(
                         cur, op, size, count, concurrency, rep, aligned=caps.tier_kind in _STORAGE
                     )
