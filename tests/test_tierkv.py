@@ -202,6 +202,30 @@ async def test_corrupted_pfs_block_is_never_served(tmp_path: Path) -> None:
         assert g2.tokens == g.tokens  # never served afterwards
 
 
+async def test_every_corrupt_block_of_a_read_leaves_the_index(tmp_path: Path) -> None:
+    """A batch read that meets several corrupt blocks quarantines them all; every one must leave
+    the index (not only the first), so that a later put stores them again instead of skipping
+    them as existing (found by the corruption fuzz test)."""
+    cfg = config(tmp_path)
+    cfg["tiers"] = cfg["tiers"][1:]
+    async with await TierKV.open(cfg) as kv:
+        toks = list(range(48))
+        data = kv_for(48)
+        await kv.put(toks, data)
+        files = sorted(p for p in (tmp_path / "pfs").rglob("*") if p.is_file() and p.stat().st_size > 100_000)
+        assert len(files) >= 2
+        for victim in files:
+            raw = bytearray(victim.read_bytes())
+            raw[1000] ^= 0xFF
+            victim.write_bytes(bytes(raw))
+        g = await kv.get(toks)
+        assert g.tokens == 0 and g.miss_reason == "integrity"
+        r = await kv.put(toks, data)
+        assert r.existing_blocks == 0 and r.new_blocks == len(files)
+        g2 = await kv.get(toks)
+        assert g2.tokens == 48 and g2.kv.tobytes() == data.tobytes()
+
+
 async def test_capacity_error_when_nothing_fits(tmp_path: Path) -> None:
     async with await TierKV.open(config(tmp_path, dram="1KiB", pfs=None)) as kv:
         with pytest.raises(CapacityError):

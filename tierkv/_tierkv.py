@@ -1481,6 +1481,21 @@ class TierKV:
                         err if isinstance(err, BaseException) else None
                     )
                 miss_reason = "tier_unhealthy" if not tier.healthy else "tier_error"
+        # blocks after the first failure that the tier reported missing or corrupt (a batch read
+        # quarantines every corrupt block it meets) leave the index too, else they would stay
+        # indexed on a tier that no longer has them and a later put would skip them as existing
+        for i in range(good + 1, n):
+            e_i, err_i = entries[i], datas[i]
+            if (
+                isinstance(err_i, (BlockNotFoundError, IntegrityError))
+                and e_i.tier == served[i]
+                and self._index.get(e_i.key) is e_i
+            ):
+                await self._drop_quietly(e_i)
+                if e_i.backing >= 0 and e_i.backing != e_i.tier:
+                    await self._retarget(e_i, e_i.backing, claimed=False)
+                else:
+                    await self._forget(e_i, None)
         if good == 0:
             return GetResult(0, None, (), miss_reason)
         used = set(served[:good])
