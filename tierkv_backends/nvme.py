@@ -55,6 +55,7 @@ reservation is released, so nothing of it is visible.
 from __future__ import annotations
 
 import errno
+import heapq
 import mmap
 import os
 import struct
@@ -326,6 +327,8 @@ class _Entry:
     dead: bool = False
     invalidated: bool = False
     released: bool = False
+    crc: int = -1  # the payload checksum in the slot header (-1: unknown, read the header)
+    state: int = 1  # the slot state, i.e. which checksum algorithm ``crc`` is
 
 
 class NvmeBackend(Backend):
@@ -400,6 +403,7 @@ class NvmeBackend(Backend):
         self._handles = 0
         self._next_gen = 1
         self._gen_lock = threading.Lock()
+        self._gen_crc: dict[int, tuple[int, int]] = {}  # gen -> (state, payload crc) until committed
         self._checkpoint = 0
         self._ckpt_seen: list[int] = []
         self._inflight: set[tuple[int, int]] = set()
@@ -655,15 +659,23 @@ class NvmeBackend(Backend):
         for si in touched:
             os.fdatasync(self._slabs[si].fd)
         for key, (si, slot, h) in best.items():
-            self._index[key] = _Entry(si, slot, h.gen, h.nbytes, h.tag)
+            self._index[key] = _Entry(si, slot, h.gen, h.nbytes, h.tag, crc=h.payload_crc, state=h.state)
             self._used += self._held(si, h.nbytes)
             self._logical += h.nbytes
         self._recovered["blocks"] = len(best)
-        # interleave free slots over directories, lowest slot numbers first
-        free.sort(key=lambda t: (t[1], t[0]), reverse=True)
+        # free slots are min-heaps on (slot, slab): allocation takes the lowest slot number,
+        # interleaved over directories, so a batch writes ascending offsets whatever order
+        # blocks were evicted in (sequential I/O; measured here: LIFO reuse of slots freed in
+        # ascending order halved 256 KiB batch writes)
         for si, slot in free:
-            self._free[self._slabs[si].slot_bytes].append((si, slot))
+            self._free[self._slabs[si].slot_bytes].append((slot, si))
+        for heap in self._free.values():
+            heapq.heapify(heap)
         self._write_checkpoint(self._next_gen - 1)
+
+    def _settle(self, gen: int) -> None:
+        self._unsettled.discard(gen)
+        self._gen_crc.pop(gen, None)
 
     def _take_gen(self) -> int:
         with self._gen_lock:
@@ -749,8 +761,16 @@ class NvmeBackend(Backend):
         return wsum32 if state == _STATE_COMMITTED_WSUM else self._csum
 
     def _committed_header(self, gen: int, key: str, tag: bytes, data: memoryview) -> bytes:
-        """The slot header of a block (computes the payload checksum: CPU work, no I/O)."""
-        return pack_slot_header(SlotHeader(_STATE_COMMITTED, gen, key, len(data), tag, self._csum(data)))
+        """The slot header of a block (computes the payload checksum: CPU work, no I/O); the
+        checksum is kept for the index entry (reads verify against it without the header)."""
+        crc = self._csum(data)
+        self._gen_crc[gen] = (_STATE_COMMITTED, crc)
+        return pack_slot_header(SlotHeader(_STATE_COMMITTED, gen, key, len(data), tag, crc))
+
+    def _entry(self, si: int, slot: int, gen: int, nbytes: int, tag: bytes) -> _Entry:
+        """The index entry of a block just committed under ``gen``."""
+        state, crc = self._gen_crc.pop(gen, (_STATE_COMMITTED, -1))
+        return _Entry(si, slot, gen, nbytes, tag, crc=crc, state=state)
 
     def _put_slot(self, si: int, slot: int, hdr: bytes, data: memoryview) -> None:
         """One O_DIRECT pwritev of header + payload into the slot, without fdatasync."""
@@ -778,8 +798,49 @@ class NvmeBackend(Backend):
             self._pool.put(buf)
 
     def _read_slot(self, e: _Entry, key: str, into: memoryview | None) -> memoryview:
+        if e.crc >= 0:
+            return self._verify_known(e, key, self._read_payload(e, into))
         hdr, out = self._read_io(e, into)
         return self._verify(e, key, hdr, out)
+
+    def _read_payload(self, e: _Entry, into: memoryview | None) -> memoryview:
+        """Read the payload only, one iovec straight into a page-aligned caller buffer where
+        possible (the checksum to verify is in the index entry)."""
+        s = self._slabs[e.slab]
+        n = e.nbytes
+        if n == 0:
+            return memoryview(b"")
+        off = s.offset(e.slot) + PAGE
+        rn = _round_up(n)
+        full = n // PAGE * PAGE
+        if into is None:
+            out = memoryview(mmap.mmap(-1, rn))
+            if self._preadv(s, [out], off) != rn:
+                raise OSError(errno.EIO, "short read")
+            return out[:n]
+        if full == n and _addr(into) % PAGE == 0:
+            if self._preadv(s, [into[:n]], off) != n:
+                raise OSError(errno.EIO, "short read")
+            return into[:n]
+        buf = self._pool.get()
+        try:
+            bmv = memoryview(buf)
+            if full and _addr(into) % PAGE == 0:
+                if self._preadv(s, [into[:full], bmv[:PAGE]], off) != full + PAGE:
+                    raise OSError(errno.EIO, "short read")
+                into[full:n] = bmv[: n - full]
+            else:
+                if self._preadv(s, [bmv[:rn]], off) != rn:
+                    raise OSError(errno.EIO, "short read")
+                into[:n] = bmv[:n]
+            return into[:n]
+        finally:
+            self._pool.put(buf)
+
+    def _verify_known(self, e: _Entry, key: str, out: memoryview) -> memoryview:
+        if self._csum_for(e.state)(out) != e.crc:
+            raise IntegrityError(f"payload checksum mismatch for {key!r}", tier=self.name)
+        return out
 
     def _read_io(self, e: _Entry, into: memoryview | None) -> tuple[bytes, memoryview]:
         """Read header + payload (no verification): the header sector and the payload view."""
@@ -899,11 +960,10 @@ class NvmeBackend(Backend):
         if ex is None or workers <= 1:
             worker()
             return res
-        futs = [ex.submit(worker) for _ in range(workers - 1)]
-        try:
-            worker()  # this thread is a worker too
-        finally:
-            wait_futures(futs)
+        # the executor's queue_depth threads do all the I/O (this thread only waits), so
+        # concurrent batches together never have more than queue_depth I/Os in flight
+        futs = [ex.submit(worker) for _ in range(workers)]
+        wait_futures(futs)
         for f in futs:
             err = f.exception()
             if err is not None:  # only BaseException subclasses outside Exception get here
@@ -946,7 +1006,7 @@ class NvmeBackend(Backend):
 
     def _release_slot(self, si: int, slot: int) -> None:
         if (si, slot) not in self._poisoned:
-            self._free[self._slabs[si].slot_bytes].append((si, slot))
+            heapq.heappush(self._free[self._slabs[si].slot_bytes], (slot, si))
 
     # ---------------------------------------------------------------------- data
     async def allocate(self, key: str, nbytes: int, *, tag: bytes = b"") -> Allocation:
@@ -961,7 +1021,7 @@ class NvmeBackend(Backend):
             raise BlockExistsError(f"block {key!r} exists", tier=self.name)
         for sb in self._classes:
             if sb >= nbytes and self._free[sb]:
-                si, slot = self._free[sb].pop()
+                slot, si = heapq.heappop(self._free[sb])
                 break
         else:
             raise CapacityError(f"no free slot for a block of {nbytes} bytes", tier=self.name)
@@ -1015,7 +1075,7 @@ class NvmeBackend(Backend):
             self._drop_pending(a)
             # the write may have reached the medium: free the slot durably before it is reused
             if await self._invalidate_shielded(si, slot):
-                self._unsettled.discard(gen)
+                self._settle(gen)
             self._release_slot(si, slot)
             if isinstance(exc, OSError):
                 raise BackendIOError(f"write of {a.key!r} failed: {exc}", tier=self.name) from exc
@@ -1024,14 +1084,14 @@ class NvmeBackend(Backend):
         if self._pending.get(a.key) is not a or self._closed:
             # evicted while in flight: the slot goes back only once it is durably free again
             if await self._invalidate_shielded(si, slot):
-                self._unsettled.discard(gen)
+                self._settle(gen)
             self._release_slot(si, slot)
             raise BlockNotFoundError(f"reservation for {a.key!r} was dropped during write", tier=self.name)
         del self._pending[a.key]
         del self._pending_slot[a.key]
         self._reserved -= self._held(si, a.nbytes)
-        self._unsettled.discard(gen)
-        self._index[a.key] = _Entry(si, slot, gen, a.nbytes, a.tag)
+        self._settle(gen)
+        self._index[a.key] = self._entry(si, slot, gen, a.nbytes, a.tag)
         self._counters["writes"] += 1
         self._counters["bytes_written"] += a.nbytes
 
@@ -1083,7 +1143,9 @@ class NvmeBackend(Backend):
         enabled), the header (wsum32 computed on the device) through the host; then fdatasync."""
         s = self._slabs[si]
         n = int(src.numel())
-        hdr = pack_slot_header(SlotHeader(_STATE_COMMITTED_WSUM, gen, key, n, tag, wsum32_torch(src)))
+        crc = wsum32_torch(src)
+        self._gen_crc[gen] = (_STATE_COMMITTED_WSUM, crc)
+        hdr = pack_slot_header(SlotHeader(_STATE_COMMITTED_WSUM, gen, key, n, tag, crc))
         if n and int(s.cufile.pwrite(src, n, s.offset(slot) + PAGE).get()) != n:
             raise OSError(errno.EIO, "short write")
         self._write_page(s, s.offset(slot), hdr)
@@ -1134,7 +1196,7 @@ class NvmeBackend(Backend):
             self._inflight.discard((si, slot))
             self._drop_pending(a)
             if await self._invalidate_shielded(si, slot):
-                self._unsettled.discard(gen)
+                self._settle(gen)
             self._release_slot(si, slot)
             if isinstance(exc, (OSError, RuntimeError)):
                 raise BackendIOError(f"device write of {a.key!r} failed: {exc}", tier=self.name) from exc
@@ -1142,14 +1204,14 @@ class NvmeBackend(Backend):
         self._inflight.discard((si, slot))
         if self._pending.get(a.key) is not a or self._closed:
             if await self._invalidate_shielded(si, slot):
-                self._unsettled.discard(gen)
+                self._settle(gen)
             self._release_slot(si, slot)
             raise BlockNotFoundError(f"reservation for {a.key!r} was dropped during write", tier=self.name)
         del self._pending[a.key]
         del self._pending_slot[a.key]
         self._reserved -= self._held(si, a.nbytes)
-        self._unsettled.discard(gen)
-        self._index[a.key] = _Entry(si, slot, gen, a.nbytes, a.tag)
+        self._settle(gen)
+        self._index[a.key] = self._entry(si, slot, gen, a.nbytes, a.tag)
         self._counters["writes"] += 1
         self._counters["bytes_written"] += a.nbytes
 
@@ -1332,7 +1394,7 @@ class NvmeBackend(Backend):
                     freed = [False] * len(slots)
             for i, t, ok in zip(bad, slots, freed, strict=True):
                 if ok:
-                    self._unsettled.discard(jobs[i][2])
+                    self._settle(jobs[i][2])
                 else:
                     self._poisoned.add(t)
                 self._release_slot(*t)
@@ -1344,8 +1406,8 @@ class NvmeBackend(Backend):
             del self._pending[a.key]
             del self._pending_slot[a.key]
             self._reserved -= self._held(si, a.nbytes)
-            self._unsettled.discard(gen)
-            self._index[a.key] = _Entry(si, slot, gen, a.nbytes, a.tag)
+            self._settle(gen)
+            self._index[a.key] = self._entry(si, slot, gen, a.nbytes, a.tag)
             self._counters["writes"] += 1
             self._counters["bytes_written"] += a.nbytes
         if cancel is not None:

@@ -29,14 +29,17 @@ the same number of blocks of the same size:
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import functools
+import gc
 import mmap
 import os
 import shutil
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,16 +119,26 @@ def raw_memcpy(op: str, block_bytes: int, count: int, batch: int = 0) -> RawMeas
 
 
 def raw_odirect(
-    directory: Path, op: str, block_bytes: int, count: int, concurrency: int, sync_every: int = 0
+    directory: Path,
+    op: str,
+    block_bytes: int,
+    count: int,
+    concurrency: int,
+    sync_every: int = 0,
+    *,
+    keep: Path | None = None,
 ) -> RawMeasurement:
     """``count`` pwritev/preadv of ``block_bytes`` on one file in ``directory`` with
     ``concurrency`` threads; O_DIRECT unless the filesystem refuses it (then
     buffered + fdatasync, labelled). With ``sync_every`` > 0 it is the
     reference for a persistent backend, whose writes are durable on return: the
     blocks go in batches of ``sync_every`` (spread over the threads), each batch
-    followed by one ``fdatasync``, as the backend's ``write_many`` of the same batch."""
+    followed by one ``fdatasync``, as the backend's ``write_many`` of the same batch.
+    With ``keep`` the file is that path, laid out only the first time and left in
+    place for the next repetition (the caller removes it): deleting and re-creating
+    it between repetitions would load the filesystem while the backend's side runs."""
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f".tierkv-raw-{os.getpid()}-{threading.get_ident()}"
+    path = keep or directory / f".tierkv-raw-{os.getpid()}-{threading.get_ident()}"
     slots = max(1, min(count, (256 * MiB) // max(1, block_bytes)))
     flags = os.O_RDWR | os.O_CREAT
     method = "O_DIRECT pwritev/preadv"
@@ -150,9 +163,10 @@ def raw_odirect(
             method = "buffered pwritev/preadv + fdatasync (O_DIRECT refused by the filesystem)"
         # lay the file out first (for writes too: a storage tier preallocates its files, so
         # the reference must not pay for extent allocation either)
-        for s in range(slots):
-            os.pwritev(fd, [bufs[0]], s * block_bytes)
-        os.fsync(fd)
+        if os.fstat(fd).st_size < slots * block_bytes:
+            for s in range(slots):
+                os.pwritev(fd, [bufs[0]], s * block_bytes)
+            os.fsync(fd)
         errors: list[BaseException] = []
         # writes of a persistent tier go in batches of ``sync_every`` blocks, each made durable
         # (one fdatasync) before the next starts: what the tier does for a write_many
@@ -201,7 +215,8 @@ def raw_odirect(
             b.close()
     finally:
         os.close(fd)
-        path.unlink(missing_ok=True)
+        if keep is None:
+            path.unlink(missing_ok=True)
     sync = f", one fdatasync per batch of {sync_every} blocks" if op == "write" and sync_every else ""
     return RawMeasurement(block_bytes * count, dt, f"{method}{sync}, {concurrency} threads")
 
@@ -223,6 +238,20 @@ def _page_aligned(nbytes: int) -> memoryview:
     mv = memoryview(mmap.mmap(-1, max(1, nbytes)))[:nbytes]
     mv[::4096] = b"\x01" * len(mv[::4096])
     return mv
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    """Collect garbage now and keep the cyclic collector out of the timed region (as
+    ``timeit`` does), so that no earlier repetition's buffers are freed inside it."""
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 async def _measure_backend(
@@ -256,8 +285,10 @@ async def _measure_backend(
         for buf in pool:
             buf[::4096] = b"\x01" * len(buf[::4096])
 
-    async def worker() -> None:
-        intos = pools.pop()
+    async def worker(w: int) -> None:
+        # index, do not pop: a popped pool would be unmapped when its worker ends, while
+        # the others still run (munmap and TLB shootdowns inside the timed region)
+        intos = pools[w]
         for part in batches:
             if op == "write":
                 allocs = await b.allocate_many([(k, block_bytes, b"") for k in part])
@@ -265,11 +296,12 @@ async def _measure_backend(
             else:
                 await b.read_many(part, into=intos[: len(part)])
 
-    t0 = time.perf_counter()
-    async with anyio.create_task_group() as tg:
-        for _ in range(concurrency):
-            tg.start_soon(worker)
-    dt = time.perf_counter() - t0
+    with _no_gc():
+        t0 = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for w in range(concurrency):
+                tg.start_soon(worker, w)
+        dt = time.perf_counter() - t0
     lat: list[float] = []
     into = _page_aligned(block_bytes) if aligned else bytearray(block_bytes)
     samples = keys[: min(LATENCY_SAMPLES, count)]
@@ -356,6 +388,7 @@ async def measure_envelope(
                     gb.append(g)
                     lat += l_
                     m: RawMeasurement | None
+                    gc.collect()
                     if first is not None:
                         m = first
                     elif isinstance(cur, SupportsRawReference):
@@ -365,7 +398,10 @@ async def measure_envelope(
                     elif caps.tier_kind in _STORAGE:
                         d = storage_dir(cur_options, workdir)
                         sync_every = batch_blocks(size, count) if caps.persistent else 0
-                        m = await anyio.to_thread.run_sync(raw_odirect, d, op, size, count, concurrency, sync_every)
+                        raw_file = d / f".tierkv-raw-{os.getpid()}-{size}"
+                        m = await anyio.to_thread.run_sync(
+                            functools.partial(raw_odirect, d, op, size, count, concurrency, sync_every, keep=raw_file)
+                        )
                     else:
                         m = None
                     if m is not None:
@@ -393,6 +429,8 @@ async def measure_envelope(
                         f"ratio {row.ratio}  p50 {row.p50_us} us  p99 {row.p99_us} us"
                     )
         finally:
+            if caps.tier_kind in _STORAGE:
+                (storage_dir(cur_options, workdir) / f".tierkv-raw-{os.getpid()}-{size}").unlink(missing_ok=True)
             if cur is not b:
                 await cur.aclose()
                 d = storage_dir(cur_options, workdir)
