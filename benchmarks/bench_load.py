@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         steady_res = anyio.run(steady, work / "steady", args.clients, args.ops)
         print_table(f"steady load, {args.clients} clients", steady_res)
         anyio.run(populate, work / "template")
-        shutil.copytree(work / "template", work / "calibrate")
+        shutil.copytree(work / "template", work / "calibrate", symlinks=True)  # pfs records are links
         cold_get_s = anyio.run(calibrate, work / "calibrate")
         wait_s = args.fetch_wait if args.fetch_wait is not None else 2 * cold_get_s
         print(
@@ -403,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         storms: dict[str, LoadResult] = {}
         for i, (label, (mf, fw)) in enumerate(variants.items()):
             d = work / f"storm{i}"
-            shutil.copytree(work / "template", d)
+            shutil.copytree(work / "template", d, symlinks=True)
             storms[label] = anyio.run(storm, d, args.clients, args.storm_ops or args.ops, mf, fw)
             print_table(f"miss storm, {label}", storms[label])
     finally:
