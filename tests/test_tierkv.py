@@ -293,3 +293,27 @@ async def test_closed_and_open_errors(tmp_path: Path) -> None:
     bad["tiers"][0]["capacity"] = "lots"
     with pytest.raises(ConfigError, match="capacity"):
         await TierKV.open(bad)
+
+
+async def test_concurrent_durable_puts_of_one_prefix_return_only_once_stored(tmp_path: Path) -> None:
+    """When another task holds the reservation of a block, put(durable=True) waits for it:
+    on return the whole prefix is indexed and durable (the 64-client load test found puts that
+    returned while a concurrent put of the same block was still writing it)."""
+    cfg = config(tmp_path)
+    cfg["tiers"] = cfg["tiers"][1:]  # pfs only: every write is a thread hop, so the puts overlap
+    async with await TierKV.open(cfg) as kv:
+        problems: list[str] = []
+
+        async def client(c: int) -> None:
+            for r in range(4):
+                toks = list(range(1000 * r, 1000 * r + 48))
+                await kv.put(toks, kv_for(48, seed=r), durable=True)
+                look = await kv.lookup(toks)
+                entries = [kv._index.get(k.hex()) for k in kv._keys(toks, None)[1]]
+                if look.tokens != 48 or any(e is None or e.backing < 0 for e in entries):
+                    problems.append(f"client {c} round {r}: {look.tokens} tokens after a durable put")
+
+        async with anyio.create_task_group() as tg:
+            for c in range(8):
+                tg.start_soon(client, c)
+        assert problems == []

@@ -27,6 +27,7 @@ returning wrong bytes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -34,7 +35,7 @@ import struct
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -561,7 +562,13 @@ class TierKV:
                 with anyio.CancelScope(shield=True):
                     placed = await self._store_block(key, data, tag, i, tid, parent, crc, durable, root, label)
                 if placed is None:
-                    continue  # being stored concurrently by another task
+                    # another task is storing this block right now: wait until it is indexed (and
+                    # durable, if asked), so that on return every block of the prefix is stored
+                    store = functools.partial(
+                        self._store_block, key, data, tag, i, tid, parent, crc, durable, root, label
+                    )
+                    await self._await_concurrent_store(key, store, data, tag, durable)
+                    continue
                 if placed:
                     stored += 1
                     placed_e = self._index.get(key)
@@ -652,6 +659,27 @@ class TierKV:
         if durable and e.backing < 0:
             await self._make_durable(e, data, tag)
         return written
+
+    async def _await_concurrent_store(
+        self, key: str, store: Callable[[], Awaitable[bool | None]], data: memoryview, tag: bytes, durable: bool
+    ) -> None:
+        """Wait (at most 30 s, then TimeoutError) until the block ``key``, which another task
+        holds a reservation for, is indexed; then make it durable if ``durable``. If the other
+        task gives up, ``store()`` stores it here."""
+        with anyio.fail_after(30):
+            while True:
+                await anyio.sleep(0.002)
+                e = self._index.get(key)
+                if e is None:
+                    with anyio.CancelScope(shield=True):
+                        placed = await store()
+                    if placed is None:
+                        continue  # still being written by the other task
+                    return  # stored (and made durable) here
+                if durable and e.backing < 0:
+                    with anyio.CancelScope(shield=True):
+                        await self._make_durable(e, data, tag)
+                return
 
     async def _make_durable(self, e: _Entry, data: memoryview, tag: bytes) -> None:
         """Write the durable copy of ``e`` to the fastest persistent tier below its
@@ -1387,9 +1415,9 @@ class TierKV:
                     results[i] = await self._read_raw(ti, entries[i].key)
                     tier.breaker.record_success()
                 except BlockNotFoundError as exc:
-                    # a block the batch found corrupt is quarantined, so it now reads as missing
+                    # blocks the batch found corrupt are quarantined, so they now read as missing:
+                    # after a batch IntegrityError every such block counts as corrupt
                     results[i] = pending or exc
-                    pending = None
                 except IntegrityError as exc:
                     results[i] = exc
                 except BackendError as exc:
@@ -1481,16 +1509,13 @@ class TierKV:
                         err if isinstance(err, BaseException) else None
                     )
                 miss_reason = "tier_unhealthy" if not tier.healthy else "tier_error"
-        # blocks after the first failure that the tier reported missing or corrupt (a batch read
-        # quarantines every corrupt block it meets) leave the index too, else they would stay
-        # indexed on a tier that no longer has them and a later put would skip them as existing
+        # blocks after the first failure that the tier found corrupt (a batch read quarantines
+        # every corrupt block it meets) leave the index too, else they would stay indexed on a
+        # tier that no longer has them and a later put would skip them as existing. A missing
+        # block there is left alone: it may be a transient race, settled when it is read first.
         for i in range(good + 1, n):
             e_i, err_i = entries[i], datas[i]
-            if (
-                isinstance(err_i, (BlockNotFoundError, IntegrityError))
-                and e_i.tier == served[i]
-                and self._index.get(e_i.key) is e_i
-            ):
+            if isinstance(err_i, IntegrityError) and e_i.tier == served[i] and self._index.get(e_i.key) is e_i:
                 await self._drop_quietly(e_i)
                 if e_i.backing >= 0 and e_i.backing != e_i.tier:
                     await self._retarget(e_i, e_i.backing, claimed=False)

@@ -1097,8 +1097,8 @@ class NvmeBackend(Backend):
         del self._pending[a.key]
         del self._pending_slot[a.key]
         self._reserved -= self._held(si, a.nbytes)
-        self._settle(gen)
         self._index[a.key] = self._entry(si, slot, gen, a.nbytes, a.tag)
+        self._settle(gen)
         self._counters["writes"] += 1
         self._counters["bytes_written"] += a.nbytes
 
@@ -1217,8 +1217,8 @@ class NvmeBackend(Backend):
         del self._pending[a.key]
         del self._pending_slot[a.key]
         self._reserved -= self._held(si, a.nbytes)
-        self._settle(gen)
         self._index[a.key] = self._entry(si, slot, gen, a.nbytes, a.tag)
+        self._settle(gen)
         self._counters["writes"] += 1
         self._counters["bytes_written"] += a.nbytes
 
@@ -1413,8 +1413,8 @@ class NvmeBackend(Backend):
             del self._pending[a.key]
             del self._pending_slot[a.key]
             self._reserved -= self._held(si, a.nbytes)
-            self._settle(gen)
             self._index[a.key] = self._entry(si, slot, gen, a.nbytes, a.tag)
+            self._settle(gen)
             self._counters["writes"] += 1
             self._counters["bytes_written"] += a.nbytes
         if cancel is not None:
