@@ -1071,12 +1071,20 @@ class NvmeBackend(Backend):
         mv = as_byte_view(data)
         if len(mv) != a.nbytes:
             raise InputError(f"[{self.name}] write of {len(mv)} bytes into a {a.nbytes}-byte allocation")
+        await self._commit_one(a, partial(self._write_slot, data=mv), (OSError,), "write")
+
+    async def _commit_one(
+        self, a: Allocation, io: Callable[..., None], io_errors: tuple[type[BaseException], ...], what: str
+    ) -> None:
+        """Run ``io(si, slot, gen, key, tag)`` for the reservation ``a`` in a worker thread and
+        commit the block; on failure, cancellation or a concurrent evict the slot is durably
+        invalidated (shielded) before it is reused. ``io_errors`` become BackendIOError."""
         si, slot = self._pending_slot[a.key]
         gen = self._take_gen()
         self._unsettled.add(gen)
         self._inflight.add((si, slot))
         try:
-            await anyio.to_thread.run_sync(self._write_slot, si, slot, gen, a.key, a.tag, mv, limiter=self._limiter)
+            await anyio.to_thread.run_sync(io, si, slot, gen, a.key, a.tag, limiter=self._limiter)
         except BaseException as exc:
             self._inflight.discard((si, slot))
             self._drop_pending(a)
@@ -1084,8 +1092,8 @@ class NvmeBackend(Backend):
             if await self._invalidate_shielded(si, slot):
                 self._settle(gen)
             self._release_slot(si, slot)
-            if isinstance(exc, OSError):
-                raise BackendIOError(f"write of {a.key!r} failed: {exc}", tier=self.name) from exc
+            if isinstance(exc, io_errors):
+                raise BackendIOError(f"{what} of {a.key!r} failed: {exc}", tier=self.name) from exc
             raise
         self._inflight.discard((si, slot))
         if self._pending.get(a.key) is not a or self._closed:
@@ -1191,36 +1199,7 @@ class NvmeBackend(Backend):
             host = await anyio.to_thread.run_sync(lambda: src.cpu().numpy(), limiter=self._limiter)
             await self.write(allocation, host)
             return
-        si, slot = self._pending_slot[a.key]
-        gen = self._take_gen()
-        self._unsettled.add(gen)
-        self._inflight.add((si, slot))
-        try:
-            await anyio.to_thread.run_sync(
-                self._write_slot_device, si, slot, gen, a.key, a.tag, src, limiter=self._limiter
-            )
-        except BaseException as exc:
-            self._inflight.discard((si, slot))
-            self._drop_pending(a)
-            if await self._invalidate_shielded(si, slot):
-                self._settle(gen)
-            self._release_slot(si, slot)
-            if isinstance(exc, (OSError, RuntimeError)):
-                raise BackendIOError(f"device write of {a.key!r} failed: {exc}", tier=self.name) from exc
-            raise
-        self._inflight.discard((si, slot))
-        if self._pending.get(a.key) is not a or self._closed:
-            if await self._invalidate_shielded(si, slot):
-                self._settle(gen)
-            self._release_slot(si, slot)
-            raise BlockNotFoundError(f"reservation for {a.key!r} was dropped during write", tier=self.name)
-        del self._pending[a.key]
-        del self._pending_slot[a.key]
-        self._reserved -= self._held(si, a.nbytes)
-        self._index[a.key] = self._entry(si, slot, gen, a.nbytes, a.tag)
-        self._settle(gen)
-        self._counters["writes"] += 1
-        self._counters["bytes_written"] += a.nbytes
+        await self._commit_one(a, partial(self._write_slot_device, src=src), (OSError, RuntimeError), "device write")
 
     async def read_device(self, key: str, *, into: Any) -> Any:
         """Read and verify a block into a contiguous CUDA tensor of at least its size; returns the
