@@ -1498,11 +1498,7 @@ class TierKV:
                     miss_reason = "integrity"
                 else:
                     miss_reason = "evicted_remote" if tier.backend.capabilities.shared else "evicted_local"
-                await self._drop_quietly(e)
-                if e.backing >= 0 and e.backing != e.tier:
-                    await self._retarget(e, e.backing, claimed=False)  # the durable copy serves the next request
-                else:
-                    await self._forget(e, None)
+                await self._discard_failed_copy(e)
             else:
                 if self.config.load_failure == "fail":
                     raise LoadFailedError(f"reading block {good} from tier {tier.name!r} failed: {err}") from (
@@ -1516,11 +1512,7 @@ class TierKV:
         for i in range(good + 1, n):
             e_i, err_i = entries[i], datas[i]
             if isinstance(err_i, IntegrityError) and e_i.tier == served[i] and self._index.get(e_i.key) is e_i:
-                await self._drop_quietly(e_i)
-                if e_i.backing >= 0 and e_i.backing != e_i.tier:
-                    await self._retarget(e_i, e_i.backing, claimed=False)
-                else:
-                    await self._forget(e_i, None)
+                await self._discard_failed_copy(e_i)
         if good == 0:
             return GetResult(0, None, (), miss_reason)
         used = set(served[:good])
@@ -1530,6 +1522,15 @@ class TierKV:
             return GetResult(good * bt, out, tiers, miss_reason, exact=exact)
         result = target if good == n else np.ascontiguousarray(target[block_slice(self._spec, 0, good * bt)])
         return GetResult(good * bt, result, tiers, miss_reason, exact=exact)
+
+    async def _discard_failed_copy(self, e: _Entry) -> None:
+        """A read found the serving copy of ``e`` missing or corrupt: evict it; the durable
+        copy (if on another tier) serves the next request, else ``e`` leaves the index."""
+        await self._drop_quietly(e)
+        if e.backing >= 0 and e.backing != e.tier:
+            await self._retarget(e, e.backing, claimed=False)
+        else:
+            await self._forget(e, None)
 
     async def _drop_quietly(self, e: _Entry) -> None:
         try:

@@ -283,16 +283,10 @@ class HbmBackend(Backend):
         return self._mem[b.extent.offset : b.extent.offset + b.extent.nbytes]
 
     def _copy_in(self, b: PoolBlock, src: Any) -> None:
-        torch = self._torch
-        with torch.cuda.stream(self._stream):
-            self._view(b).copy_(src, non_blocking=True)
-        self._stream.synchronize()
+        self._copy_in_many([(b, src)])
 
     def _copy_out(self, b: PoolBlock, dst: Any) -> None:
-        torch = self._torch
-        with torch.cuda.stream(self._stream):
-            dst.copy_(self._view(b), non_blocking=True)
-        self._stream.synchronize()
+        self._copy_out_many([(b, dst)])
 
     def _host_tensor(self, mv: memoryview) -> Any:
         import numpy as np

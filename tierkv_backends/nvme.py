@@ -31,9 +31,10 @@ committed and, if its generation is above the checkpoint, its payload checksum
 matches (a torn or stale payload is caught there). Two committed headers for
 one key: the higher generation wins, the other is invalidated. Slots that fail
 are durably invalidated before a new checkpoint is written, so that a later
-torn write can never resurrect them. ``read`` always verifies the payload
-checksum and the generation; a mismatch raises IntegrityError and quarantines
-the block.
+torn write can never resurrect them. ``read`` reads the payload alone and
+always verifies it against the checksum the index keeps for the block (taken
+from its header at commit or recovery, so a stale or torn slot cannot match);
+a mismatch raises IntegrityError and quarantines the block.
 
 Accounting: a block holds a whole slot, so ``used_bytes`` counts the slot size of
 every block and reservation (0 for an empty block); ``details["logical_bytes"]``
@@ -63,7 +64,7 @@ import struct
 import threading
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from functools import partial
@@ -116,7 +117,6 @@ _GEOM = struct.Struct("<8sIIQQQ")  # magic, version, checksum id, slot_bytes, ns
 _CKPT = struct.Struct("<8sQ")  # magic, generation
 _HDR = struct.Struct("<8sB3xQQHHI128s256s")  # magic, state, gen, nbytes, keylen, taglen, payload crc, key, tag
 _CRC = struct.Struct("<I")
-_HDR_SECTOR = 512  # a slot header and its crc fit in the first sector
 _STATE_FREE = 0
 _STATE_COMMITTED = 1  # payload checksum: the slab's algorithm (crc32c / crc32)
 _STATE_COMMITTED_WSUM = 2  # payload checksum: wsum32 (computable on the GPU; blocks written by write_device)
@@ -334,7 +334,7 @@ class _Entry:
     dead: bool = False
     invalidated: bool = False
     released: bool = False
-    crc: int = -1  # the payload checksum in the slot header (-1: unknown, read the header)
+    crc: int = 0  # the payload checksum in the slot header (reads verify against it)
     state: int = 1  # the slot state, i.e. which checksum algorithm ``crc`` is
 
 
@@ -775,8 +775,9 @@ class NvmeBackend(Backend):
         return pack_slot_header(SlotHeader(_STATE_COMMITTED, gen, key, len(data), tag, crc))
 
     def _entry(self, si: int, slot: int, gen: int, nbytes: int, tag: bytes) -> _Entry:
-        """The index entry of a block just committed under ``gen``."""
-        state, crc = self._gen_crc.pop(gen, (_STATE_COMMITTED, -1))
+        """The index entry of a block just committed under ``gen`` (its header was made by
+        :meth:`_committed_header` or :meth:`_write_slot_device`, which kept the checksum)."""
+        state, crc = self._gen_crc.pop(gen)
         return _Entry(si, slot, gen, nbytes, tag, crc=crc, state=state)
 
     def _put_slot(self, si: int, slot: int, hdr: bytes, data: memoryview) -> None:
@@ -805,10 +806,7 @@ class NvmeBackend(Backend):
             self._pool.put(buf)
 
     def _read_slot(self, e: _Entry, key: str, into: memoryview | None) -> memoryview:
-        if e.crc >= 0:
-            return self._verify_known(e, key, self._read_payload(e, into))
-        hdr, out = self._read_io(e, into)
-        return self._verify(e, key, hdr, out)
+        return self._verify_known(e, key, self._read_payload(e, into))
 
     def _read_payload(self, e: _Entry, into: memoryview | None) -> memoryview:
         """Read the payload only, one iovec straight into a page-aligned caller buffer where
@@ -849,53 +847,6 @@ class NvmeBackend(Backend):
             raise IntegrityError(f"payload checksum mismatch for {key!r}", tier=self.name)
         return out
 
-    def _read_io(self, e: _Entry, into: memoryview | None) -> tuple[bytes, memoryview]:
-        """Read header + payload (no verification): the header sector and the payload view."""
-        s = self._slabs[e.slab]
-        n = e.nbytes
-        buf = self._pool.get()
-        try:
-            bmv = memoryview(buf)
-            full = n // PAGE * PAGE
-            out: memoryview
-            if into is None:
-                if n == 0:
-                    out = memoryview(b"")
-                else:
-                    out = memoryview(mmap.mmap(-1, _round_up(n)))
-                iovs = [bmv[:PAGE]] + ([out[: _round_up(n)]] if n else [])
-                if self._preadv(s, iovs, s.offset(e.slot)) != PAGE + _round_up(n):
-                    raise OSError(errno.EIO, "short read")
-                out = out[:n]
-            elif full and _addr(into) % PAGE == 0:
-                iovs = [bmv[:PAGE], into[:full]]
-                tail = n - full
-                if tail:
-                    iovs.append(bmv[PAGE : 2 * PAGE])
-                if self._preadv(s, iovs, s.offset(e.slot)) != sum(len(v) for v in iovs):
-                    raise OSError(errno.EIO, "short read")
-                if tail:
-                    into[full:n] = bmv[PAGE : PAGE + tail]
-                out = into[:n]
-            else:
-                rn = PAGE + _round_up(n)
-                if self._preadv(s, [bmv[:rn]], s.offset(e.slot)) != rn:
-                    raise OSError(errno.EIO, "short read")
-                into[:n] = bmv[PAGE : PAGE + n]
-                out = into[:n]
-            return bytes(bmv[:_HDR_SECTOR]), out
-        finally:
-            self._pool.put(buf)
-
-    def _verify(self, e: _Entry, key: str, hdr: bytes, out: memoryview) -> memoryview:
-        """Check the header (generation, key, length) and the payload checksum (CPU work, no I/O)."""
-        h = unpack_slot_header(hdr)
-        if h is None or h.state not in _COMMITTED or h.gen != e.gen or h.key != key or h.nbytes != e.nbytes:
-            raise IntegrityError(f"slot header of {key!r} is invalid or stale", tier=self.name)
-        if self._csum_for(h.state)(out) != h.payload_crc:
-            raise IntegrityError(f"payload checksum mismatch for {key!r}", tier=self.name)
-        return out
-
     def _invalidate(self, si: int, slot: int) -> None:
         self._put_free_header(si, slot)
         self._sync(self._slabs[si])
@@ -913,28 +864,8 @@ class NvmeBackend(Backend):
 
     # ------------------------------------------------------------ batch workers
     def _run_jobs(self, jobs: list[Callable[[], Any]]) -> list[Any]:
-        """Run ``jobs`` with up to ``queue_depth`` in flight; each result is its value or the
-        exception it raised. Always waits for every job (never abandons an I/O)."""
-        ex = self._executor
-        if ex is None or len(jobs) <= 1 or self._qd == 1:
-            out: list[Any] = []
-            for job in jobs:
-                try:
-                    out.append(job())
-                except Exception as exc:
-                    out.append(exc)
-            return out
-        futs: list[Future[Any]] = []
-        try:
-            for job in jobs:
-                futs.append(ex.submit(job))
-        finally:
-            wait_futures(futs)
-        res: list[Any] = []
-        for f in futs:
-            err = f.exception()
-            res.append(err if err is not None else f.result())
-        return res
+        """Run ``jobs`` (see :meth:`_chunked`); each result is its value or the exception it raised."""
+        return self._chunked(len(jobs), lambda i: jobs[i]())
 
     def _sync_slabs(self, sis: set[int]) -> dict[int, BaseException]:
         """fdatasync each slab file in ``sis`` (in parallel); the failures by slab."""
@@ -1167,18 +1098,14 @@ class NvmeBackend(Backend):
         self._sync(s)
 
     def _read_slot_device(self, e: _Entry, key: str, dst: Any) -> Any:
-        """kvikio: header through the host, payload from the file into device memory through
-        cuFile; verified on the device (wsum32) or, for a block written from the host, by its
-        crc over a host copy."""
+        """kvikio: the payload from the file into device memory through cuFile, verified against
+        the indexed checksum on the device (wsum32) or, for a block written from the host, by
+        its crc over a host copy."""
         s = self._slabs[e.slab]
-        hdr = self._read_page(s, s.offset(e.slot))
         if e.nbytes and int(s.cufile.pread(dst, e.nbytes, s.offset(e.slot) + PAGE).get()) != e.nbytes:
             raise OSError(errno.EIO, "short read")
-        h = unpack_slot_header(hdr)
-        if h is None or h.state not in _COMMITTED or h.gen != e.gen or h.key != key or h.nbytes != e.nbytes:
-            raise IntegrityError(f"slot header of {key!r} is invalid or stale", tier=self.name)
-        got = wsum32_torch(dst) if h.state == _STATE_COMMITTED_WSUM else self._csum(dst.cpu().numpy())
-        if got != h.payload_crc:
+        got = wsum32_torch(dst) if e.state == _STATE_COMMITTED_WSUM else self._csum(dst.cpu().numpy())
+        if got != e.crc:
             raise IntegrityError(f"payload checksum mismatch for {key!r}", tier=self.name)
         return dst
 
