@@ -266,6 +266,43 @@ def _unseal(raw: bytes, st: struct.Struct) -> tuple[Any, ...] | None:
     return st.unpack(body)
 
 
+#: most bytes one coalesced pwritev/preadv moves (see :func:`_coalesce`)
+_RUN_BYTES = 1 << 20
+#: most slots in one coalesced I/O (two iovecs per slot; Linux IOV_MAX is 1024)
+_RUN_SLOTS = 512
+
+
+def _coalesce(slots: Sequence[tuple[int, int] | None], stride: Callable[[int], int], units: int) -> list[list[int]]:
+    """Plan the I/Os of a batch (pure): group the indices of ``slots`` whose ``(slab, slot)``
+    are adjacent in one slab file into runs moved by one vectored call each.
+
+    ``None`` marks a block that cannot join a run (it is not a whole, page-aligned slot); it
+    gets an I/O of its own. A run is cut into pieces of at most ``_RUN_BYTES`` (and
+    ``_RUN_SLOTS``), and small enough that the batch still makes at least ``units`` I/Os when
+    it can (so ``queue_depth`` of them stay in flight). Each index appears exactly once;
+    a group's indices are in slot order.
+    """
+    alone = [[i] for i, s in enumerate(slots) if s is None]
+    order = sorted((s, i) for i, s in enumerate(slots) if s is not None)
+    if not order:
+        return alone
+    per = max(1, -(-len(order) // max(1, units)))
+    groups: list[list[int]] = []
+    run: list[int] = []
+    prev: tuple[int, int] | None = None
+    cap = 1
+    for (si, slot), i in order:
+        if prev is None or si != prev[0] or slot != prev[1] + 1 or len(run) >= cap:
+            if run:
+                groups.append(run)
+            run = []
+            cap = max(1, min(per, _RUN_SLOTS, _RUN_BYTES // stride(si)))
+        run.append(i)
+        prev = (si, slot)
+    groups.append(run)
+    return groups + alone
+
+
 def _addr(mv: memoryview) -> int:
     """The address of a buffer's first byte (ctypes for writable buffers: several times
     cheaper than a numpy view; numpy for read-only ones)."""
@@ -419,6 +456,7 @@ class NvmeBackend(Backend):
         self._limiter = anyio.CapacityLimiter(self._qd)
         self._executor: ThreadPoolExecutor | None = None  # batch I/O workers, created by open
         self._pool = _Pool(PAGE + _round_up(classes[-1]))
+        self._hdr_pool = _Pool(_RUN_SLOTS * PAGE)  # header / scratch pages of coalesced runs
         self._checksum = "crc32"
         self._csum: Callable[[Any], int] = _checksum_fn("crc32")
         self._io_path = ""
@@ -746,6 +784,7 @@ class NvmeBackend(Backend):
                 os.close(s.fd)
                 s.fd = -1
         self._pool.close()
+        self._hdr_pool.close()
 
     # ------------------------------------------------------------------- raw I/O
     # Host buffers always move with O_DIRECT preadv/pwritev: kvikio's cuFile would only add its
@@ -909,16 +948,82 @@ class NvmeBackend(Backend):
         return res
 
     def _write_batch(self, jobs: list[tuple[int, int, int, str, bytes, memoryview]]) -> list[BaseException | None]:
-        """Header (payload checksum) and data write of every block, up to ``queue_depth`` in
-        flight, then one fdatasync per slab touched; per-block error or None."""
+        """Header (payload checksum) and data write of every block, then one fdatasync per slab
+        touched; per-block error or None. Blocks that fill whole adjacent slots from page-aligned
+        buffers go in coalesced runs (one ``pwritev`` of header and payload iovecs per run, see
+        :func:`_coalesce`); up to ``queue_depth`` I/Os in flight. A failed run fails its blocks."""
+        plan = _coalesce(
+            [(j[0], j[1]) if self._whole_slot(j[0], j[5]) else None for j in jobs],
+            lambda si: self._slabs[si].stride,
+            self._qd,
+        )
 
-        def one(i: int) -> None:
-            si, slot, gen, key, tag, mv = jobs[i]
-            self._put_slot(si, slot, self._committed_header(gen, key, tag, mv), mv)
+        def one(u: int) -> None:
+            group = plan[u]
+            if len(group) == 1:
+                si, slot, gen, key, tag, mv = jobs[group[0]]
+                self._put_slot(si, slot, self._committed_header(gen, key, tag, mv), mv)
+            else:
+                self._put_run([jobs[i] for i in group])
 
-        errs: list[BaseException | None] = self._chunked(len(jobs), one)
+        res: list[BaseException | None] = self._chunked(len(plan), one)
+        errs: list[BaseException | None] = [None] * len(jobs)
+        for group, r in zip(plan, res, strict=True):
+            for i in group:
+                errs[i] = r
         failed = self._sync_slabs({j[0] for j, e in zip(jobs, errs, strict=True) if e is None})
         return [e if e is not None else failed.get(j[0]) for j, e in zip(jobs, errs, strict=True)]
+
+    def _whole_slot(self, si: int, mv: memoryview | None) -> bool:
+        """Whether ``mv`` covers its slot's whole payload area from a page-aligned address (so
+        that adjacent slots form one contiguous file range with it)."""
+        return mv is not None and len(mv) == self._slabs[si].stride - PAGE and _addr(mv) % PAGE == 0
+
+    def _put_run(self, run: list[tuple[int, int, int, str, bytes, memoryview]]) -> None:
+        """One O_DIRECT ``pwritev`` of adjacent whole slots (header page + payload each), no fdatasync."""
+        s = self._slabs[run[0][0]]
+        hdrs = self._hdr_pool.get()
+        try:
+            hv = memoryview(hdrs)
+            iovs: list[memoryview] = []
+            for k, (_, _, gen, key, tag, mv) in enumerate(run):
+                page = hv[k * PAGE : (k + 1) * PAGE]
+                hdr = self._committed_header(gen, key, tag, mv)
+                page[: len(hdr)] = hdr
+                iovs += (page, mv)
+            if self._pwritev(s, iovs, s.offset(run[0][1])) != len(run) * s.stride:
+                raise OSError(errno.EIO, "short write")
+        finally:
+            self._hdr_pool.put(hdrs)
+
+    def _get_run(self, run: list[tuple[_Entry, str, memoryview | None]]) -> list[Any]:
+        """One O_DIRECT ``preadv`` of the payloads of adjacent whole slots straight into their
+        page-aligned buffers (the header pages between them go to scratch pages), then each
+        block verified against its indexed checksum; per block its view or IntegrityError."""
+        e0 = run[0][0]
+        s = self._slabs[e0.slab]
+        scratch = self._hdr_pool.get()
+        try:
+            sv = memoryview(scratch)
+            iovs: list[memoryview] = []
+            for k, (e, _, into) in enumerate(run):
+                assert into is not None
+                if k:
+                    iovs.append(sv[k * PAGE : (k + 1) * PAGE])
+                iovs.append(into[: e.nbytes])
+            want = len(run) * s.stride - PAGE
+            if self._preadv(s, iovs, s.offset(e0.slot) + PAGE) != want:
+                raise OSError(errno.EIO, "short read")
+        finally:
+            self._hdr_pool.put(scratch)
+        out: list[Any] = []
+        for e, key, into in run:
+            assert into is not None
+            try:
+                out.append(self._verify_known(e, key, into[: e.nbytes]))
+            except IntegrityError as exc:
+                out.append(exc)
+        return out
 
     def _invalidate_batch(self, slots: list[tuple[int, int]]) -> list[bool]:
         """Free headers over every slot, then one fdatasync per slab; per slot whether it is durably free."""
@@ -929,8 +1034,31 @@ class NvmeBackend(Backend):
 
     def _read_batch(self, jobs: list[tuple[_Entry, str, memoryview | None]]) -> list[Any]:
         """Per block its verified view or the exception; up to ``queue_depth`` reads in flight,
-        each verified by the thread that read it."""
-        return self._chunked(len(jobs), lambda i: self._read_slot(*jobs[i]))
+        each verified by the thread that read it. Whole adjacent slots read into page-aligned
+        buffers go in coalesced runs (one ``preadv`` per run, see :func:`_coalesce`)."""
+        plan = _coalesce(
+            [
+                (e.slab, e.slot)
+                if e.nbytes and self._whole_slot(e.slab, None if into is None else into[: e.nbytes])
+                else None
+                for e, _, into in jobs
+            ],
+            lambda si: self._slabs[si].stride,
+            self._qd,
+        )
+
+        def one(u: int) -> list[Any]:
+            group = plan[u]
+            if len(group) == 1:
+                return [self._read_slot(*jobs[group[0]])]
+            return self._get_run([jobs[i] for i in group])
+
+        res = self._chunked(len(plan), one)
+        out: list[Any] = [None] * len(jobs)
+        for group, r in zip(plan, res, strict=True):
+            for k, i in enumerate(group):
+                out[i] = r if isinstance(r, BaseException) else r[k]
+        return out
 
     async def _invalidate_shielded(self, si: int, slot: int) -> bool:
         """Durably free a slot; on failure the slot is poisoned (never reused in this process)."""
