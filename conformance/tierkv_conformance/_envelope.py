@@ -61,9 +61,13 @@ BLOCK_SIZES = (16 * KiB, 256 * KiB, 2 * MiB)
 #: Block sizes measured in addition for some tier kinds (rdma: its acceptance figure is at 1 and 4 MiB).
 _EXTRA_SIZES: dict[TierKind, tuple[int, ...]] = {TierKind.RDMA: (1 * MiB, 4 * MiB)}
 #: rdma on a loopback shares the CPUs and the memory bandwidth with its raw reference, so its
-#: rows get an untimed warm-up pair, more repetitions, and the backend and raw sides alternate
-#: which goes first in each repetition (medians of both, as for every row).
+#: rows get an untimed warm-up pair and more repetitions (medians of both, as for every row).
 _RDMA_REPS = 9
+#: Storage media (and the virtual disks of cloud machines above all) vary from one second to
+#: the next: storage rows get more repetitions than memory rows. For every tier the backend
+#: and raw sides alternate which goes first in each repetition, so that neither always runs
+#: on a medium still busy with the other's writes.
+_STORAGE_REPS = 7
 _MEMORY = {TierKind.DRAM, TierKind.CXL, TierKind.HBM}
 _STORAGE = {TierKind.NVME, TierKind.PFS}
 
@@ -329,6 +333,28 @@ def storage_dir(options: dict[str, Any], fallback: Path) -> Path:
     return fallback
 
 
+async def _raw_side(
+    b: Backend, op: str, size: int, count: int, concurrency: int, options: dict[str, Any], workdir: Path
+) -> RawMeasurement | None:
+    """One measurement of the raw reference for a row: the backend's own
+    (:class:`SupportsRawReference`), memcpy for memory tiers, O_DIRECT on a laid-out
+    file in the backend's directory for storage tiers (synced per batch when the tier
+    is persistent), else None."""
+    caps = b.capabilities
+    if isinstance(b, SupportsRawReference):
+        return await b.raw_reference(op, size, count, concurrency)
+    if caps.tier_kind in _MEMORY:
+        return await anyio.to_thread.run_sync(raw_memcpy, op, size, count)
+    if caps.tier_kind in _STORAGE:
+        d = storage_dir(options, workdir)
+        sync_every = batch_blocks(size, count) if caps.persistent else 0
+        raw_file = d / f".tierkv-raw-{os.getpid()}-{size}"
+        return await anyio.to_thread.run_sync(
+            functools.partial(raw_odirect, d, op, size, count, concurrency, sync_every, keep=raw_file)
+        )
+    return None
+
+
 async def measure_envelope(
     b: Backend,
     *,
@@ -342,7 +368,7 @@ async def measure_envelope(
     # storage and network tiers: the backend's concurrency on both sides
     concurrency = 1 if caps.tier_kind in _MEMORY else max(1, min(caps.max_concurrency, 32))
     rdma = b if caps.tier_kind is TierKind.RDMA and isinstance(b, SupportsRawReference) else None
-    reps = 1 if quick else (_RDMA_REPS if rdma is not None else 5)
+    reps = 1 if quick else (_RDMA_REPS if rdma is not None else _STORAGE_REPS if caps.tier_kind in _STORAGE else 5)
     target = (16 if quick else 128) * MiB
     rows: list[EnvelopeRow] = []
     for size in sorted({*BLOCK_SIZES, *_EXTRA_SIZES.get(caps.tier_kind, ())}):
@@ -379,31 +405,17 @@ async def measure_envelope(
                     await _measure_backend(cur, op, size, count, concurrency, reps)
                     await ref.raw_reference(op, size, count, concurrency)
                 for rep in range(reps):
-                    first: RawMeasurement | None = None
-                    if ref is not None and rep % 2:  # raw side first on odd repetitions
-                        first = await ref.raw_reference(op, size, count, concurrency)
+                    # the raw side goes first on odd repetitions, second on even ones
+                    first = (
+                        await _raw_side(cur, op, size, count, concurrency, cur_options, workdir) if rep % 2 else None
+                    )
                     g, l_ = await _measure_backend(
                         cur, op, size, count, concurrency, rep, aligned=caps.tier_kind in _STORAGE
                     )
                     gb.append(g)
                     lat += l_
-                    m: RawMeasurement | None
                     gc.collect()
-                    if first is not None:
-                        m = first
-                    elif isinstance(cur, SupportsRawReference):
-                        m = await cur.raw_reference(op, size, count, concurrency)
-                    elif caps.tier_kind in _MEMORY:
-                        m = await anyio.to_thread.run_sync(raw_memcpy, op, size, count)
-                    elif caps.tier_kind in _STORAGE:
-                        d = storage_dir(cur_options, workdir)
-                        sync_every = batch_blocks(size, count) if caps.persistent else 0
-                        raw_file = d / f".tierkv-raw-{os.getpid()}-{size}"
-                        m = await anyio.to_thread.run_sync(
-                            functools.partial(raw_odirect, d, op, size, count, concurrency, sync_every, keep=raw_file)
-                        )
-                    else:
-                        m = None
+                    m = first if rep % 2 else await _raw_side(cur, op, size, count, concurrency, cur_options, workdir)
                     if m is not None:
                         raw.append(m.gbps)
                         method = m.method
