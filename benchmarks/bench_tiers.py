@@ -4,11 +4,13 @@
 
 DRAM: batched ``allocate_many + write_many`` (put) and ``read_many(into=...)``
 (get) against ``np.copyto`` of the same blocks into a preallocated destination.
-PFS: batched put (content file + record, fsync) against ``os.pwrite`` + ``fsync``
+PFS: batched put (segments + record links, fsync) against ``os.pwrite`` + ``fsync``
 of one new file per block, and batched get (read + xxh3 check) against
 ``os.preadv`` of the same files, both into preallocated caller buffers, hot (page cache) and cold (pages dropped with
 ``posix_fadvise(DONTNEED)`` before each repetition, for both sides). The raw
-side is the faster of one thread and the tier's concurrency (8 threads).
+side is the faster of one thread and the tier's concurrency (8 threads). The PFS
+sides (raw on 1 thread, raw on 8, the tier) are interleaved repetition by
+repetition in a rotating order, so that drift of the machine moves all alike.
 Every figure is the median of at least 5 repetitions; ratio = raw time / tier time.
 """
 
@@ -171,20 +173,6 @@ async def bench_pfs(root: Path, total: int, reps: int) -> list[dict[str, Any]]:
         def raw_get_par(rawpaths: list[Path] = rawpaths) -> None:
             list(pool.map(get_one, rawpaths))
 
-        # the raw reference is the better of one thread and the tier's concurrency (8 threads)
-        t_raw_put = min(_median_time(raw_put, reps), _median_time(raw_put_par, reps))
-        raw_get()
-        t_raw_get = min(_median_time(raw_get, reps), _median_time(raw_get_par, reps))
-        t_raw_cold = float("inf")
-        for fn in (raw_get, raw_get_par):
-            ts = []
-            for _ in range(reps):
-                _drop_cache(rawpaths)
-                t0 = time.perf_counter()
-                fn()
-                ts.append(time.perf_counter() - t0)
-            t_raw_cold = min(t_raw_cold, statistics.median(ts))
-
         async def put(items: list[tuple[str, int, bytes]] = items, srcs: list[Any] = srcs) -> None:
             allocs = await b.allocate_many(items)
             await b.write_many(allocs, srcs)
@@ -192,20 +180,74 @@ async def bench_pfs(root: Path, total: int, reps: int) -> list[dict[str, Any]]:
         async def clear(keys: list[str] = keys) -> None:
             await b.evict_many(keys)
 
-        t_put = await _amedian(put, reps, clear)
-
         async def get(keys: list[str] = keys, dsts: list[Any] = dsts) -> None:
             await b.read_many(keys, into=dsts)
 
-        await get()
-        t_get = await _amedian(get, reps)
-        objs = [p for p in (root / "store" / "objects").rglob("*") if p.is_file()]
+        def timed(fn: Callable[[], None], setup: Callable[[], None] | None = None) -> float:
+            if setup is not None:
+                setup()
+            t0 = time.perf_counter()
+            fn()
+            return time.perf_counter() - t0
 
-        async def drop(objs: list[Path] = objs) -> None:
-            _drop_cache(objs)
+        async def atimed(fn: Callable[[], Any], setup: Callable[[], Any] | None = None) -> float:
+            if setup is not None:
+                await setup()
+            t0 = time.perf_counter()
+            await fn()
+            return time.perf_counter() - t0
 
-        t_cold = await _amedian(get, reps, drop)
-        await clear()
+        def drop_raw(rawpaths: list[Path] = rawpaths) -> None:
+            _drop_cache(rawpaths)
+
+        async def drop_tier() -> None:
+            _drop_cache([p for d in ("segments", "objects") for p in (root / "store" / d).rglob("*") if p.is_file()])
+
+        # The three sides of each figure (raw on 1 thread, raw on the tier's concurrency,
+        # the tier) are interleaved repetition by repetition, in an order that rotates, so
+        # that a machine whose speed drifts (this one's does, from second to second) moves
+        # all of them alike; the raw reference is the better of its two medians.
+        t: dict[str, list[float]] = {}
+        raw_put()  # the raw files exist (the put sides rewrite them)
+
+        async def side(name: str, t: dict[str, list[float]] = t) -> None:
+            op, who = name.split(":")
+            if who == "tier":
+                if op == "put":
+                    v = await atimed(put)
+                    await clear()
+                elif op == "hot":
+                    v = await atimed(get)
+                else:
+                    v = await atimed(get, drop_tier)
+            else:
+                fn = {
+                    ("put", "1"): raw_put,
+                    ("put", "8"): raw_put_par,
+                    ("hot", "1"): raw_get,
+                    ("hot", "8"): raw_get_par,
+                    ("cold", "1"): raw_get,
+                    ("cold", "8"): raw_get_par,
+                }[(op, who)]
+                v = timed(fn, drop_raw if op == "cold" else None)
+            t.setdefault(name, []).append(v)
+
+        for op in ("put", "hot", "cold"):
+            if op != "put":
+                await put()  # the tier's blocks for the reads
+                await get()
+            names = [f"{op}:1", f"{op}:8", f"{op}:tier"]
+            for rep in range(reps):
+                k = rep % 3
+                for name in (names[k:] + names[:k])[:: -1 if rep % 2 else 1]:
+                    await side(name)
+            if op != "put":
+                await clear()
+        med = {k: statistics.median(v) for k, v in t.items()}
+        t_raw_put = min(med["put:1"], med["put:8"])
+        t_raw_get = min(med["hot:1"], med["hot:8"])
+        t_raw_cold = min(med["cold:1"], med["cold:8"])
+        t_put, t_get, t_cold = med["put:tier"], med["hot:tier"], med["cold:tier"]
         rows.append(
             {
                 "tier": "pfs",

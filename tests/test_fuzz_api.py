@@ -286,7 +286,7 @@ def test_corrupted_tier_files_never_serve_wrong_bytes(store: Store, target: str,
     _expect_typed(store, store.kv.put, tokens_of(victim_seed, 2), kv_of(1, victim_seed, 2), tenant="bob", durable=True)
     store.portal.call(store.kv.aclose)
     if target.startswith("pfs"):
-        objs = sorted((root / "pfs" / "objects").rglob("*"))
+        objs = sorted(p for d in ("segments", "objects") for p in (root / "pfs" / d).rglob("*"))
         objs = [p for p in objs if p.is_file()]
         recs = sorted(p for p in (root / "pfs" / "keys").iterdir() if p.is_symlink() or p.is_file())
         if target == "pfs_object" and objs:
@@ -307,12 +307,21 @@ def test_corrupted_tier_files_never_serve_wrong_bytes(store: Store, target: str,
             else:
                 os.symlink(
                     rng.choice(
-                        ["tierkv-rec2/00/-3/-/zz", "tierkv-rec2/" + "0" * 64 + "/7/-", "tierkv-rec2/", "x" * 300]
+                        [
+                            "tierkv-rec2/00/-3/-/zz",
+                            "tierkv-rec2/" + "0" * 64 + "/7/-",
+                            "tierkv-rec2/",
+                            "x" * 300,
+                            "tierkv-rec3/../0/7/" + "0" * 32,
+                            "tierkv-rec3/nohost.1." + "0" * 32 + "/4096/7/" + "0" * 32,
+                        ]
                     ),
                     p,
                 )
         else:
-            (root / "pfs" / "keys" / ("f" * 64)).write_bytes(os.urandom(100))
+            stray = root / "pfs" / "keys" / ("f" * 64)
+            stray.unlink(missing_ok=True)  # an earlier case may have left a dangling link there
+            stray.write_bytes(os.urandom(100))
     else:
         slab = next((root / "nvme").glob("*.slab"))
         size = slab.stat().st_size

@@ -1,9 +1,11 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,37 @@ def _objects(root: Path) -> list[Path]:
     return sorted(p for p in (root / "objects").rglob("*") if p.is_file())
 
 
+def _segments(root: Path) -> list[Path]:
+    return sorted(p for p in (root / "segments").iterdir() if p.is_file())
+
+
+def _where(root: Path, key: str) -> tuple[Path, int, int]:
+    """The segment file, offset and length of a format-3 block, from its record link."""
+    rec = pfs_mod._parse_record(os.readlink(root / "keys" / key))
+    assert rec.seg
+    return root / "segments" / rec.seg, rec.off, rec.nbytes
+
+
+def _flip(root: Path, key: str, at: int = 0) -> None:
+    seg, off, n = _where(root, key)
+    with open(seg, "r+b") as f:
+        f.seek(off + at % max(1, n))
+        b = f.read(1)
+        f.seek(off + at % max(1, n))
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+def _old_store(root: Path, blocks: dict[str, tuple[bytes, bytes]]) -> None:
+    """A store as the content-addressed format 2 wrote it: objects/<sha256> + tierkv-rec2 links."""
+    for sub in ("objects", "keys", "tmp", "quarantine"):
+        (root / sub).mkdir(parents=True, exist_ok=True)
+    for key, (data, tag) in blocks.items():
+        sha = hashlib.sha256(data).hexdigest()
+        (root / "objects" / sha).write_bytes(data)
+        text = "/".join(["tierkv-rec2", sha, str(len(data)), pfs_mod._fast_check(memoryview(data)), tag.hex()])
+        os.symlink(text.rstrip("/"), root / "keys" / key)
+
+
 async def _put(b: PfsBackend, key: str, data: bytes, tag: bytes = b"") -> None:
     a = await b.allocate(key, len(data), tag=tag)
     await b.write(a, data)
@@ -49,15 +82,16 @@ async def test_round_trip_bit_exact(tmp_path: Path, n: int) -> None:
         into = np.zeros(n + 7, dtype=np.uint8)
         view = await b.read("k", into=into)
         assert bytes(view) == data and into[:n].tobytes() == data
-        obj = _objects(tmp_path)
-        assert [p.name for p in obj] == [hashlib.sha256(data).hexdigest()]
+        assert _objects(tmp_path) == [] and len(_segments(tmp_path)) == 1
+        assert os.readlink(tmp_path / "keys" / "k").startswith("tierkv-rec3/")
+        assert await b.content_hash("k") == hashlib.sha256(data).hexdigest()
         s = b.stats()
         assert s.kind is TierKind.PFS and s.io_path == "posix pread/pwrite + fsync" and not s.emulated
         assert s.used_bytes == n and s.blocks == 1
     assert isinstance(b, SupportsScan)
 
 
-async def test_dedup_and_accounting(tmp_path: Path) -> None:
+async def test_identical_content_is_not_shared_and_accounting_is_exact(tmp_path: Path) -> None:
     async with await _open(tmp_path) as b:
         data = _rand(50_000, 1)
         await _put(b, "a", data)
@@ -66,15 +100,15 @@ async def test_dedup_and_accounting(tmp_path: Path) -> None:
         a2 = await b.allocate("b", 50_000)
         assert b.stats().used_bytes == 100_000  # the reservation counts until written
         await b.write(a2, data)
-        assert b.stats().used_bytes == 50_000  # identical content stored once
-        assert len(_objects(tmp_path)) == 1
+        assert b.stats().used_bytes == 100_000  # no dedup: every block has its own bytes
+        assert len(_segments(tmp_path)) == 2 and b.stats().details["segments"] == 2
         assert b.stats().details["logical_bytes"] == 100_000
         assert await b.evict("a") is True
-        assert bytes(await b.read("b")) == data  # the other key keeps the content
-        assert len(_objects(tmp_path)) == 1 and b.stats().used_bytes == 50_000
+        assert bytes(await b.read("b")) == data
+        assert len(_segments(tmp_path)) == 1 and b.stats().used_bytes == 50_000
         assert await b.evict("b") is True
         assert await b.evict("b") is False
-        assert _objects(tmp_path) == [] and b.stats().used_bytes == 0
+        assert _segments(tmp_path) == [] and b.stats().used_bytes == 0
         assert sorted(os.listdir(tmp_path / "keys")) == []
 
 
@@ -118,35 +152,44 @@ async def test_use_after_close(tmp_path: Path) -> None:
 async def test_corruption_detected_quarantined_never_served(tmp_path: Path) -> None:
     async with await _open(tmp_path) as b:
         data = _rand(10_000, 5)
-        await _put(b, "k", data)
-        await _put(b, "twin", data)  # shares the content file
-        await _put(b, "other", _rand(10_000, 6))
-        (obj,) = [p for p in _objects(tmp_path) if p.name == hashlib.sha256(data).hexdigest()]
-        raw = bytearray(obj.read_bytes())
-        raw[1234] ^= 0xFF
-        obj.write_bytes(bytes(raw))
+        allocs = await b.allocate_many([(k, 10_000, b"") for k in ("k", "twin", "other")])
+        await b.write_many(allocs, [data, data, _rand(10_000, 6)])  # one segment
+        assert len(_segments(tmp_path)) == 1
+        _flip(tmp_path, "k", 1234)
         with pytest.raises(E.IntegrityError):
             await b.read("k")
-        assert not obj.exists()
-        assert len(os.listdir(tmp_path / "quarantine")) == 1
-        for key in ("k", "twin"):
-            assert not await b.contains(key)
-            with pytest.raises(E.BlockNotFoundError):
-                await b.read(key)
+        assert not await b.contains("k") and not (tmp_path / "keys" / "k").exists()
+        assert len(os.listdir(tmp_path / "quarantine")) == 1  # the bad bytes, kept for inspection
+        with pytest.raises(E.BlockNotFoundError):
+            await b.read("k")
+        assert bytes(await b.read("twin")) == data  # equal content, its own bytes
         assert bytes(await b.read("other")) == _rand(10_000, 6)
-        assert b.stats().used_bytes == 10_000 and b.stats().details["integrity_failures"] == 1
-        assert {i.key for i in await b.scan()} == {"other"}
+        assert b.stats().used_bytes == 20_000 and b.stats().details["integrity_failures"] == 1
+        assert {i.key for i in await b.scan()} == {"twin", "other"}
     async with await _open(tmp_path) as b2:  # a new process never serves it either
-        assert {i.key for i in await b2.scan()} == {"other"}
+        assert {i.key for i in await b2.scan()} == {"twin", "other"}
         with pytest.raises(E.BlockNotFoundError):
             await b2.read("k")
+
+
+async def test_corruption_in_read_many_is_quarantined_and_the_rest_served(tmp_path: Path) -> None:
+    async with await _open(tmp_path) as b:
+        datas = [_rand(70_000, i) for i in range(6)]
+        allocs = await b.allocate_many([(f"m{i}", 70_000, b"") for i in range(6)])
+        await b.write_many(allocs, datas)
+        _flip(tmp_path, "m2", 7)
+        outs = [bytearray(70_000) for _ in range(6)]
+        with pytest.raises(E.IntegrityError):
+            await b.read_many([f"m{i}" for i in range(6)], into=outs)
+        assert [bytes(o) for i, o in enumerate(outs) if i != 2] == [d for i, d in enumerate(datas) if i != 2]
+        assert not await b.contains("m2") and b.stats().details["integrity_failures"] == 1
 
 
 async def test_truncated_file_is_integrity_error(tmp_path: Path) -> None:
     async with await _open(tmp_path) as b:
         await _put(b, "k", _rand(5000))
-        (obj,) = _objects(tmp_path)
-        os.truncate(obj, 100)
+        (seg,) = _segments(tmp_path)
+        os.truncate(seg, 100)
         with pytest.raises(E.IntegrityError):
             await b.read("k")
         assert not await b.contains("k")
@@ -157,7 +200,7 @@ async def test_restart_recovery_via_scan(tmp_path: Path) -> None:
     async with await _open(tmp_path) as b:
         for k, v in blocks.items():
             await _put(b, k, v, tag=k.encode())
-        await _put(b, "dup", blocks["key3"])
+        await _put(b, "dup", blocks["key3"])  # equal bytes, stored again
         pending = await b.allocate("pending", 10)  # never written: must not come back
         assert pending.nbytes == 10
     # garbage a crashed writer would leave behind
@@ -170,7 +213,7 @@ async def test_restart_recovery_via_scan(tmp_path: Path) -> None:
         for k, v in blocks.items():
             assert infos[k].nbytes == len(v) and infos[k].tag == k.encode()
             assert bytes(await b2.read(k)) == v
-        assert b2.stats().used_bytes == sum(len(v) for v in blocks.values())
+        assert b2.stats().used_bytes == sum(len(v) for v in blocks.values()) + len(blocks["key3"])
         assert not (tmp_path / "tmp" / f"{pfs_mod._HOST}.999999999.abc.tmp").exists()  # dead writer cleaned
         assert (tmp_path / "tmp" / "deadhost.1.abc.tmp").exists()  # another host's, recent: left alone
         assert not (tmp_path / "keys" / "ghost").exists()
@@ -184,10 +227,10 @@ async def test_cancel_mid_write_leaves_nothing(tmp_path: Path, monkeypatch: pyte
     release = threading.Event()
     real = PfsBackend._publish
 
-    def slow_publish(self: PfsBackend, *args: Any) -> bool:
+    def slow_publish(self: PfsBackend, *args: Any) -> Any:
         started.set()
         release.wait(5)
-        return real(self, *args)
+        return real(self, *args)  # the records are linked, then the write undoes them
 
     monkeypatch.setattr(PfsBackend, "_publish", slow_publish)
     a = await b.allocate("k", 300_000)
@@ -205,7 +248,7 @@ async def test_cancel_mid_write_leaves_nothing(tmp_path: Path, monkeypatch: pyte
     assert not outer.cancelled_caught
     assert not await b.contains("k")
     assert b.stats().used_bytes == 0 and b.stats().reserved_bytes == 0
-    assert _objects(tmp_path) == [] and os.listdir(tmp_path / "keys") == []
+    assert _segments(tmp_path) == [] and os.listdir(tmp_path / "keys") == []
     assert os.listdir(tmp_path / "tmp") == []
     await b.aclose()
     async with await _open(tmp_path) as b2:
@@ -218,19 +261,19 @@ async def test_cancel_before_publish(tmp_path: Path) -> None:
         with anyio.move_on_after(0):
             await b.write(a, bytes(1000))
         assert not await b.contains("k") and b.stats().used_bytes == 0
-        assert _objects(tmp_path) == []
+        assert _segments(tmp_path) == []
 
 
 async def test_batch_twins_and_concurrency(tmp_path: Path) -> None:
     async with await _open(tmp_path, fsync=False) as b:
-        datas = [_rand(20_000, i % 3) for i in range(9)]  # 3 distinct contents
+        datas = [_rand(20_000, i % 3) for i in range(9)]  # 3 distinct contents, 9 blocks
         allocs = await b.allocate_many([(f"k{i}", 20_000, b"") for i in range(9)])
         await b.write_many(allocs, datas)
-        assert len(_objects(tmp_path)) == 3 and b.stats().used_bytes == 60_000
+        assert len(_segments(tmp_path)) == 1 and b.stats().used_bytes == 180_000
         got = await b.read_many([f"k{i}" for i in range(9)])
         assert [bytes(g) for g in got] == datas
         assert await b.evict_many([f"k{i}" for i in range(9)]) == [True] * 9
-        assert _objects(tmp_path) == [] and b.stats().used_bytes == 0
+        assert _segments(tmp_path) == [] and b.stats().used_bytes == 0
         with pytest.raises(E.BlockNotFoundError):
             await b.read_many(["k0"])
 
@@ -247,9 +290,10 @@ async def test_records_are_links_and_version1_records_still_read(tmp_path: Path)
     async with await _open(tmp_path) as b:
         await _put(b, "new", data, tag=tag)
         link = tmp_path / "keys" / "new"
-        assert link.is_symlink() and os.readlink(link).startswith("tierkv-rec2/")
-        sha = await b.content_hash("new")
-    # a record file written by format 1 pointing at the same content, and junk links
+        assert link.is_symlink() and os.readlink(link).startswith("tierkv-rec3/")
+    # a record file written by format 1 pointing at a content file, and junk links
+    sha = hashlib.sha256(data).hexdigest()
+    (tmp_path / "objects" / sha).write_bytes(data)
     record = {"v": 1, "sha256": sha, "nbytes": len(data), "tag": "abcd", "xxh3": ""}
     (tmp_path / "keys" / "old").write_text(json.dumps(record))
     os.symlink("somebody-else:xyz", tmp_path / "keys" / "foreign")
@@ -258,7 +302,132 @@ async def test_records_are_links_and_version1_records_still_read(tmp_path: Path)
         assert set(infos) == {"new", "old"}
         assert infos["new"].tag == tag and infos["old"].tag == bytes.fromhex("abcd")
         assert bytes(await b2.read("old")) == data == bytes(await b2.read("new"))
+        assert await b2.content_hash("old") == sha == await b2.content_hash("new")
         assert (tmp_path / "keys" / "foreign").is_symlink()  # not ours: left alone
+        assert await b2.evict("old") and not (tmp_path / "objects" / sha).exists()
+
+
+async def test_format2_store_written_by_the_old_code_is_read_verified_and_evicted(tmp_path: Path) -> None:
+    shared = _rand(30_000, 1)
+    _old_store(tmp_path, {"a": (shared, b"ta"), "b": (shared, b"tb"), "c": (_rand(9000, 2), b"")})
+    async with await _open(tmp_path) as b:
+        infos = {i.key: i for i in await b.scan()}
+        assert {k: (i.nbytes, i.tag) for k, i in infos.items()} == {
+            "a": (30_000, b"ta"),
+            "b": (30_000, b"tb"),
+            "c": (9000, b""),
+        }
+        assert b.stats().used_bytes == 39_000  # the shared content file counts once
+        got = await b.read_many(["a", "b", "c"])
+        assert [bytes(g) for g in got] == [shared, shared, _rand(9000, 2)]
+        assert await b.content_hash("a") == hashlib.sha256(shared).hexdigest()
+        await _put(b, "new", _rand(100, 3))  # new blocks go to segments
+        assert len(_segments(tmp_path)) == 1 and len(_objects(tmp_path)) == 2
+        assert await b.evict("a")
+        assert bytes(await b.read("b")) == shared and len(_objects(tmp_path)) == 2  # still shared
+        assert b.stats().used_bytes == 39_100
+        assert await b.evict("b")
+        assert len(_objects(tmp_path)) == 1 and b.stats().used_bytes == 9100
+        # a corrupt content file is still quarantined
+        (obj,) = _objects(tmp_path)
+        obj.write_bytes(b"x" + obj.read_bytes()[1:])
+        with pytest.raises(E.IntegrityError):
+            await b.read("c")
+        assert _objects(tmp_path) == [] and len(os.listdir(tmp_path / "quarantine")) == 1
+        assert b.stats().used_bytes == 100
+
+
+async def test_segment_packing_round_trip(tmp_path: Path) -> None:
+    sizes = [0, 1, 4095, 4096, 4097, 100_000, 300_000, 1 << 20, 17, 2 * MiB + 3, 8192]
+    datas = [_rand(n, i) for i, n in enumerate(sizes)]
+    keys = [f"s{i}" for i in range(len(sizes))]
+    async with await _open(tmp_path, max_concurrency=3) as b:
+        allocs = await b.allocate_many(
+            [(k, len(d), f"t{i}".encode()) for i, (k, d) in enumerate(zip(keys, datas, strict=True))]
+        )
+        await b.write_many(allocs, datas)
+        segs = _segments(tmp_path)
+        assert 1 < len(segs) <= 3  # one segment per share, at most max_concurrency
+        assert b.stats().details["segments"] == len(segs) and b.stats().used_bytes == sum(sizes)
+        where = [_where(tmp_path, k) for k in keys]
+        assert all(off % 4096 == 0 for _, off, _ in where)
+        for seg in segs:  # blocks of one segment do not overlap
+            spans = sorted((off, off + n) for s, off, n in where if s == seg)
+            assert all(a[1] <= b_[0] for a, b_ in itertools.pairwise(spans))
+        order = [7, 0, 3, 10, 1, 9, 2, 5, 4, 8, 6]
+        got = await b.read_many([keys[i] for i in order], into=[bytearray(sizes[i] + 5) for i in order])
+        assert [bytes(g) for g in got] == [datas[i] for i in order]
+        assert [bytes(x) for x in await b.read_many(keys)] == datas
+    async with await _open(tmp_path) as b2:
+        infos = {i.key: i for i in await b2.scan()}
+        assert {k: (i.nbytes, i.tag) for k, i in infos.items()} == {
+            k: (n, f"t{i}".encode()) for i, (k, n) in enumerate(zip(keys, sizes, strict=True))
+        }
+        assert [bytes(x) for x in await b2.read_many(keys)] == datas
+        assert await b2.evict_many(keys) == [True] * len(keys)
+        assert _segments(tmp_path) == [] and b2.stats().used_bytes == 0
+
+
+async def test_eviction_punches_holes_and_frees_space(tmp_path: Path) -> None:
+    n = 100 * 1024  # 8 of them make one segment
+    async with await _open(tmp_path) as b:
+        keys = [f"p{i}" for i in range(8)]
+        allocs = await b.allocate_many([(k, n, b"") for k in keys])
+        await b.write_many(allocs, [_rand(n, i) for i in range(8)])
+        (seg,) = _segments(tmp_path)
+        before = os.stat(seg).st_blocks
+        assert await b.evict_many(keys[:4]) == [True] * 4
+        if b.stats().details["unpunched_bytes"]:
+            pytest.skip("this filesystem cannot punch holes")
+        after = os.stat(seg).st_blocks
+        assert after * 512 <= before * 512 - 4 * n  # the evicted blocks' bytes are freed
+        assert os.stat(seg).st_size == 8 * n  # the offsets of the others stay
+        assert [bytes(x) for x in await b.read_many(keys[4:])] == [_rand(n, i) for i in range(4, 8)]
+        assert b.stats().used_bytes == 4 * n and b.stats().details["segments"] == 1
+        await b.evict_many(keys[4:])
+        assert _segments(tmp_path) == [] and b.stats().used_bytes == 0
+
+
+async def test_block_evicted_by_another_process_reads_as_not_found(tmp_path: Path) -> None:
+    async with await _open(tmp_path) as b1, await _open(tmp_path) as b2:
+        allocs = await b1.allocate_many([(f"x{i}", 50_000, b"") for i in range(4)])
+        await b1.write_many(allocs, [_rand(50_000, i) for i in range(4)])
+        assert {i.key for i in await b2.scan()} == {f"x{i}" for i in range(4)}
+        assert await b1.evict("x1")  # unlinks the record and punches the range b2 still indexes
+        with pytest.raises(E.BlockNotFoundError):
+            await b2.read("x1")
+        assert not await b2.contains("x1")
+        # the key rewritten by the other process: b2's entry is stale, not corrupt
+        await b1.evict("x2")
+        await _put(b1, "x2", _rand(50_000, 99))
+        _flip(tmp_path, "x0", 3)  # real damage is still found
+        with pytest.raises(E.BlockNotFoundError):
+            await b2.read("x2")
+        assert (tmp_path / "keys" / "x2").is_symlink()  # b1's new record is left alone
+        assert b2.stats().details["integrity_failures"] == 0 and os.listdir(tmp_path / "quarantine") == []
+        with pytest.raises(E.IntegrityError):
+            await b2.read("x0")
+        assert bytes(await b2.read("x3")) == _rand(50_000, 3)
+        assert {i.key for i in await b2.scan()} == {"x2", "x3"}
+        assert bytes(await b2.read("x2")) == _rand(50_000, 99)
+        assert bytes(await b1.read("x2")) == _rand(50_000, 99)
+
+
+async def test_scan_removes_orphan_segments(tmp_path: Path) -> None:
+    async with await _open(tmp_path) as b:
+        await _put(b, "live", _rand(1000))
+    segs = tmp_path / "segments"
+    dead = segs / f"{pfs_mod._HOST}.999999999.{'a' * 32}"  # a writer of this host that died
+    old = segs / f"elsewhere.12.{'b' * 32}"  # another host's, unreferenced for long
+    recent = segs / f"elsewhere.13.{'c' * 32}"  # another host's, maybe still being published
+    for p in (dead, old, recent):
+        p.write_bytes(b"x" * 5000)
+    past = time.time() - 2 * pfs_mod._ORPHAN_MAX_AGE_S
+    os.utime(old, (past, past))
+    async with await _open(tmp_path) as b2:
+        assert [i.key for i in await b2.scan()] == ["live"]
+        assert not dead.exists() and not old.exists() and recent.exists()
+        assert len(_segments(tmp_path)) == 2 and bytes(await b2.read("live")) == _rand(1000)
 
 
 async def test_read_many_hot_and_cold_paths_agree(tmp_path: Path) -> None:
@@ -267,7 +436,7 @@ async def test_read_many_hot_and_cold_paths_agree(tmp_path: Path) -> None:
         for k, v in blocks.items():
             await _put(b, k, v)
         hot = await b.read_many(list(blocks))
-        for p in (tmp_path / "objects").rglob("*"):  # drop the pages: the cold pass serves them
+        for p in _segments(tmp_path):  # drop the pages: the cold pass serves them
             if p.is_file():
                 fd = os.open(p, os.O_RDONLY)
                 try:
@@ -301,20 +470,20 @@ async def test_cancel_mid_write_many_leaves_nothing(tmp_path: Path, monkeypatch:
     b = await _open(tmp_path)
     started = threading.Event()
     release = threading.Event()
-    real = PfsBackend._put_share
+    real = PfsBackend._publish
 
     def slow_commit(self: PfsBackend, *args: Any) -> Any:
         started.set()
         release.wait(5)
-        return real(self, *args)
+        return real(self, *args)  # the records are linked, then the write undoes them
 
-    monkeypatch.setattr(PfsBackend, "_put_share", slow_commit)
-    allocs = await b.allocate_many([(f"c{i}", 50_000, b"") for i in range(5)])
+    monkeypatch.setattr(PfsBackend, "_publish", slow_commit)
+    allocs = await b.allocate_many([(f"c{i}", 600_000, b"") for i in range(5)])  # several segments
     with anyio.move_on_after(5) as outer:
         async with anyio.create_task_group() as tg:
 
             async def writer() -> None:
-                await b.write_many(allocs, [_rand(50_000, i) for i in range(5)])
+                await b.write_many(allocs, [_rand(600_000, i) for i in range(5)])
 
             tg.start_soon(writer)
             while not started.is_set():  # noqa: ASYNC110 - set by a worker thread
@@ -323,8 +492,8 @@ async def test_cancel_mid_write_many_leaves_nothing(tmp_path: Path, monkeypatch:
             release.set()
     assert not outer.cancelled_caught
     assert b.stats().used_bytes == 0 and b.stats().reserved_bytes == 0
-    assert _objects(tmp_path) == [] and os.listdir(tmp_path / "keys") == []
-    assert os.listdir(tmp_path / "tmp") == []
+    assert _segments(tmp_path) == [] and os.listdir(tmp_path / "keys") == []
+    assert os.listdir(tmp_path / "tmp") == [] and b.stats().details["segments"] == 0
     await b.aclose()
     async with await _open(tmp_path) as b2:
         assert await b2.scan() == []

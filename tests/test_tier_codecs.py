@@ -4,6 +4,7 @@ labelled inexact, corrupt payloads are misses, the auto choice shows its reasoni
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from tierkv import ConfigError, TierKV
+from tierkv_backends import pfs as pfs_mod
 
 pytestmark = pytest.mark.anyio
 
@@ -95,6 +97,17 @@ async def test_lossy_codec_tier_is_labelled_inexact(tmp_path: Path) -> None:
         await kv.aclose()
 
 
+def _damage_pfs_blocks(root: Path) -> None:
+    """Flip a byte in the middle of every block of the pfs store (in its segment)."""
+    for link in (root / "keys").iterdir():
+        rec = pfs_mod._parse_record(os.readlink(link))
+        with open(root / "segments" / rec.seg, "r+b") as f:
+            f.seek(rec.off + rec.nbytes // 2)
+            b = f.read(1)
+            f.seek(rec.off + rec.nbytes // 2)
+            f.write(bytes([b[0] ^ 0xFF]))
+
+
 async def test_corrupt_encoded_payload_is_a_miss(tmp_path: Path) -> None:
     kv = await TierKV.open(config(tmp_path, {"codec": "lz4"}))
     try:
@@ -105,11 +118,7 @@ async def test_corrupt_encoded_payload_is_a_miss(tmp_path: Path) -> None:
                 victim = t
                 break
         assert victim is not None
-        for f in (tmp_path / "pfs" / "objects").rglob("*"):
-            if f.is_file():
-                raw = bytearray(f.read_bytes())
-                raw[len(raw) // 2] ^= 0xFF
-                f.write_bytes(bytes(raw))
+        _damage_pfs_blocks(tmp_path / "pfs")
         g = await kv.get(victim)
         assert g.tokens == 0 and g.miss_reason == "integrity"
     finally:

@@ -493,11 +493,14 @@ class SupportsDeviceIO(Protocol):
 
 @runtime_checkable
 class SupportsContentHash(Protocol):
-    """A content-addressed backend tells the content hash of a committed block
-    (checkpoint manifests reference blocks by it)."""
+    """A backend tells the content hash of a committed block (checkpoint manifests
+    reference blocks by it). A content-addressed store answers from its index;
+    others may read the block (verified, like ``read``) and hash it."""
 
     async def content_hash(self, key: str) -> str | None:
-        """``"sha256"`` hex digest of the block's bytes, or None if absent."""
+        """``"sha256"`` hex digest of the block's bytes, or None if absent (or, for a
+        backend that reads to answer, when the block fails verification). Raises
+        BackendClosedError, BackendIOError."""
         ...
 
 
