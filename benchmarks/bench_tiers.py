@@ -236,6 +236,7 @@ async def bench_pfs(root: Path, total: int, reps: int) -> list[dict[str, Any]]:
             if op != "put":
                 await put()  # the tier's blocks for the reads
                 await get()
+            os.sync()  # start each figure with nothing left to write back (both sides alike)
             names = [f"{op}:1", f"{op}:8", f"{op}:tier"]
             for rep in range(reps):
                 k = rep % 3

@@ -337,7 +337,8 @@ async def test_format2_store_written_by_the_old_code_is_read_verified_and_evicte
         assert b.stats().used_bytes == 100
 
 
-async def test_segment_packing_round_trip(tmp_path: Path) -> None:
+async def test_segment_packing_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pfs_mod, "_SHARE_BYTES", 1 << 20)  # several shares for this 3.5 MiB batch
     sizes = [0, 1, 4095, 4096, 4097, 100_000, 300_000, 1 << 20, 17, 2 * MiB + 3, 8192]
     datas = [_rand(n, i) for i, n in enumerate(sizes)]
     keys = [f"s{i}" for i in range(len(sizes))]

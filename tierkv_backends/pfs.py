@@ -169,8 +169,11 @@ _HOST = socket.gethostname().replace(".", "_").replace("/", "_") or "host"
 _RWF_NOWAIT: int = getattr(os, "RWF_NOWAIT", 0)
 #: blocks start at multiples of this in a segment (the page size; also the punch granule)
 _ALIGN = 4096
-#: a write batch is split into segments of at least this many bytes (at most ``max_concurrency``)
-_SHARE_BYTES = 1 << 20
+#: a write batch is split into segments of at least this many bytes (at most ``max_concurrency``):
+#: every segment costs a create and a data fsync, so a batch of the envelope's 8 MiB is one
+#: segment (concurrent batches still write in parallel); measured here, 1 MiB shares took 2 MiB
+#: blocks to 0.78x of a file-per-block client and 8 MiB shares to 0.95x
+_SHARE_BYTES = 8 << 20
 #: a batch read first reads what the page cache holds in one worker-thread hop per this many bytes
 _HOT_GROUP_BYTES = 2 << 20
 _WILLNEED: int = getattr(os, "POSIX_FADV_WILLNEED", 0)
@@ -178,6 +181,10 @@ _WILLNEED: int = getattr(os, "POSIX_FADV_WILLNEED", 0)
 _CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 #: a read run stops growing past this many bytes: its blocks are verified while still in the CPU cache
 _RUN_BYTES = 512 << 10
+#: a segment block larger than this is read in pieces of this size, each hashed (streaming
+#: xxh3) right after it is read, while still in the CPU cache: measured here, 2 MiB blocks
+#: read from the page cache went from 0.78-0.85x to 0.90x of plain reads
+_PIECE_BYTES = 256 << 10
 #: at most this many buffers in one preadv / pwritev (Linux IOV_MAX is 1024)
 _MAX_IOV = 512
 _ZEROS = bytes(_ALIGN)
@@ -633,8 +640,13 @@ class PfsBackend(Backend):
                 size = os.fstat(fd).st_size if not first.seg else -1
                 k = i
                 while k < j:
-                    start = jobs[k][0].off
-                    end = start + jobs[k][0].nbytes
+                    rec0 = jobs[k][0]
+                    if rec0.seg and rec0.check and rec0.nbytes > _PIECE_BYTES:
+                        out[k] = self._read_pieces(fd, rec0, jobs[k][1], nowait)
+                        k += 1
+                        continue
+                    start = rec0.off
+                    end = start + rec0.nbytes
                     bufs = [jobs[k][1]]
                     m = k + 1
                     while m < j and len(bufs) < _MAX_IOV - 1 and end - start < _RUN_BYTES:
@@ -673,6 +685,28 @@ class PfsBackend(Backend):
                     pass
             i = j
         return out
+
+    def _read_pieces(self, fd: int, rec: _Rec, dst: memoryview, nowait: bool) -> str:
+        """Read a large segment block in pieces of :data:`_PIECE_BYTES`, feeding each to a
+        streaming xxh3-128 right after it is read. "ok", "bad" (checksum or short read)
+        or, with ``nowait``, "cold" as soon as a piece is not all cached (the rest gets
+        ``POSIX_FADV_WILLNEED``; the cold pass reads the block again)."""
+        import xxhash
+
+        h = xxhash.xxh3_128()
+        pos, n = 0, rec.nbytes
+        while pos < n:
+            piece = dst[pos : min(n, pos + _PIECE_BYTES)]
+            got = self._preadv(fd, [piece], rec.off + pos, piece.nbytes, nowait)
+            if got < piece.nbytes:
+                if not nowait:
+                    return "bad"  # the segment is shorter than its record says
+                if _WILLNEED:
+                    os.posix_fadvise(fd, rec.off + pos + max(got, 0), n - pos - max(got, 0), _WILLNEED)
+                return "cold"
+            h.update(piece)
+            pos += got
+        return "ok" if h.hexdigest() == rec.check else "bad"
 
     def _preadv(self, fd: int, bufs: list[memoryview], off: int, total: int, nowait: bool) -> int:
         """Fill ``bufs`` from ``off``; the bytes read (fewer at end of file). With

@@ -396,6 +396,8 @@ async def measure_envelope(
                     progress(f"envelope {size} B: skipped, capacity too small")
                 continue
             for op in ("write", "read"):
+                if caps.tier_kind in _STORAGE:  # nothing left to write back from earlier rows
+                    await anyio.to_thread.run_sync(os.sync)
                 gb: list[float] = []
                 lat: list[float] = []
                 raw: list[float] = []
