@@ -498,3 +498,28 @@ async def test_cancel_mid_write_many_leaves_nothing(tmp_path: Path, monkeypatch:
     await b.aclose()
     async with await _open(tmp_path) as b2:
         assert await b2.scan() == []
+
+
+@pytest.mark.parametrize("at", [0, 300_000, (1 << 20) - 1])
+async def test_large_blocks_verified_piece_by_piece(tmp_path: Path, at: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Blocks over 256 KiB read from the page cache by a lone caller are read and hashed in
+    pieces: a flipped byte in any piece is still caught (and quarantined), the others read."""
+    calls: list[int] = []
+    real = PfsBackend._read_pieces
+
+    def counted(self: PfsBackend, *args: Any) -> str:
+        calls.append(1)
+        return real(self, *args)
+
+    monkeypatch.setattr(PfsBackend, "_read_pieces", counted)
+    datas = [_rand(1 << 20, i) for i in range(3)]
+    async with await _open(tmp_path) as b:
+        allocs = await b.allocate_many([(f"L{i}", 1 << 20, b"") for i in range(3)])
+        await b.write_many(allocs, datas)
+        assert [bytes(x) for x in await b.read_many(["L0", "L1", "L2"])] == datas  # cached: pieces
+        _flip(tmp_path, "L1", at)
+        with pytest.raises(E.IntegrityError):
+            await b.read_many(["L0", "L1", "L2"], into=[bytearray(1 << 20) for _ in range(3)])
+        assert not await b.contains("L1")
+        assert [bytes(x) for x in await b.read_many(["L0", "L2"])] == [datas[0], datas[2]]
+    assert calls  # the piecewise path did the reading
