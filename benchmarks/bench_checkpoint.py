@@ -7,7 +7,7 @@
 user turns per conversation. Round r prefills turn r of every conversation (the whole prompt so
 far, under the chat template, system prompt first), puts its KV into a TierKV (dram + pfs), then
 checkpoints. Reported: raw bytes (sum of the KV bytes of every put call), logical bytes stored
-(distinct blocks x block bytes), PFS physical bytes (content-addressed, after dedup), and per
+(distinct blocks x block bytes), PFS physical bytes (blocks shared by prefixes are stored once), and per
 checkpoint the copied bytes (the delta) against its logical size.
 """
 

@@ -139,7 +139,8 @@ class CheckpointResult:
     ``logical_bytes``: KV bytes the manifest references; ``copied_bytes``: what
     this checkpoint had to copy to the checkpoint tier (the delta);
     ``stored_bytes_delta``: how much that tier's usage grew (after its own
-    content deduplication); ``distinct_contents``: distinct content hashes.
+    content deduplication, for a tier that has one); ``distinct_contents``: distinct
+    content hashes (from a tier that implements SupportsContentHash).
     """
 
     name: str
