@@ -93,7 +93,10 @@ atomically and segments are never rewritten, so a reader sees whole blocks or
 a miss. There is no cross-process locking: live-block counts are per process,
 so an evict in one process may unlink (or punch) bytes another process still
 indexes; that process then reads :class:`~tierkv.BlockNotFoundError`, never
-wrong bytes. Keys added by another process become visible after ``scan()``.
+wrong bytes. Likewise a scan that runs while another process is still linking a
+batch's records may see only some of them; evicting exactly those unlinks the
+segment, and the records it did not see then read as misses. Keys added by another
+process become visible after ``scan()``.
 
 Reads: the keys of a batch are grouped by segment and sorted by offset, and
 each run of adjacent blocks (up to :data:`_RUN_BYTES`, so that its blocks are
