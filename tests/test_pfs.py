@@ -221,8 +221,10 @@ async def test_restart_recovery_via_scan(tmp_path: Path) -> None:
         assert bytes(await b2.read("dup")) == blocks["key3"]
 
 
-async def test_cancel_mid_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    b = await _open(tmp_path)
+def _stall_publish(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Make the record-publishing phase wait (in its worker thread) until released: the
+    events say when it started and let it go on (it then links the records, and a
+    cancelled write must undo them)."""
     started = threading.Event()
     release = threading.Event()
     real = PfsBackend._publish
@@ -230,9 +232,15 @@ async def test_cancel_mid_write_leaves_nothing(tmp_path: Path, monkeypatch: pyte
     def slow_publish(self: PfsBackend, *args: Any) -> Any:
         started.set()
         release.wait(5)
-        return real(self, *args)  # the records are linked, then the write undoes them
+        return real(self, *args)
 
     monkeypatch.setattr(PfsBackend, "_publish", slow_publish)
+    return started, release
+
+
+async def test_cancel_mid_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    b = await _open(tmp_path)
+    started, release = _stall_publish(monkeypatch)
     a = await b.allocate("k", 300_000)
     with anyio.move_on_after(5) as outer:
         async with anyio.create_task_group() as tg:
@@ -469,16 +477,7 @@ async def test_write_many_group_commit_mixed_failures_and_restart(tmp_path: Path
 
 async def test_cancel_mid_write_many_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     b = await _open(tmp_path)
-    started = threading.Event()
-    release = threading.Event()
-    real = PfsBackend._publish
-
-    def slow_commit(self: PfsBackend, *args: Any) -> Any:
-        started.set()
-        release.wait(5)
-        return real(self, *args)  # the records are linked, then the write undoes them
-
-    monkeypatch.setattr(PfsBackend, "_publish", slow_commit)
+    started, release = _stall_publish(monkeypatch)
     allocs = await b.allocate_many([(f"c{i}", 600_000, b"") for i in range(5)])  # several segments
     with anyio.move_on_after(5) as outer:
         async with anyio.create_task_group() as tg:
