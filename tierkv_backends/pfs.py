@@ -136,6 +136,7 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
+import xxhash
 
 from tierkv._backend import (
     Allocation,
@@ -250,8 +251,6 @@ def _parse_record(text: str) -> _Rec:
 
 def _fast_check(data: memoryview) -> str:
     """The per-read checksum: xxh3-128 (tens of GB/s, against about 0.5-2 GB/s for sha256)."""
-    import xxhash
-
     return str(xxhash.xxh3_128_hexdigest(data))
 
 
@@ -697,8 +696,6 @@ class PfsBackend(Backend):
         streaming xxh3-128 right after it is read. "ok", "bad" (checksum or short read)
         or, with ``nowait``, "cold" as soon as a piece is not all cached (the rest gets
         ``POSIX_FADV_WILLNEED``; the cold pass reads the block again)."""
-        import xxhash
-
         h = xxhash.xxh3_128()
         pos, n = 0, rec.nbytes
         while pos < n:
