@@ -6,6 +6,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -221,10 +222,10 @@ async def test_restart_recovery_via_scan(tmp_path: Path) -> None:
         assert bytes(await b2.read("dup")) == blocks["key3"]
 
 
-def _stall_publish(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
-    """Make the record-publishing phase wait (in its worker thread) until released: the
-    events say when it started and let it go on (it then links the records, and a
-    cancelled write must undo them)."""
+async def _cancel_during_publish(monkeypatch: pytest.MonkeyPatch, write: Callable[[], Awaitable[None]]) -> None:
+    """Run ``write`` and cancel it while its record-publishing phase is held in its worker
+    thread; that phase then goes on (it links the records, and the cancelled write must
+    undo them). Fails if the whole dance does not finish within 5 s."""
     started = threading.Event()
     release = threading.Event()
     real = PfsBackend._publish
@@ -235,25 +236,24 @@ def _stall_publish(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, th
         return real(self, *args)
 
     monkeypatch.setattr(PfsBackend, "_publish", slow_publish)
-    return started, release
-
-
-async def test_cancel_mid_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    b = await _open(tmp_path)
-    started, release = _stall_publish(monkeypatch)
-    a = await b.allocate("k", 300_000)
     with anyio.move_on_after(5) as outer:
         async with anyio.create_task_group() as tg:
-
-            async def writer() -> None:
-                await b.write(a, _rand(300_000))
-
-            tg.start_soon(writer)
+            tg.start_soon(write)
             while not started.is_set():  # noqa: ASYNC110 - set by a worker thread
                 await anyio.sleep(0.001)
             tg.cancel_scope.cancel()
             release.set()
     assert not outer.cancelled_caught
+
+
+async def test_cancel_mid_write_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    b = await _open(tmp_path)
+    a = await b.allocate("k", 300_000)
+
+    async def writer() -> None:
+        await b.write(a, _rand(300_000))
+
+    await _cancel_during_publish(monkeypatch, writer)
     assert not await b.contains("k")
     assert b.stats().used_bytes == 0 and b.stats().reserved_bytes == 0
     assert _segments(tmp_path) == [] and os.listdir(tmp_path / "keys") == []
@@ -477,20 +477,12 @@ async def test_write_many_group_commit_mixed_failures_and_restart(tmp_path: Path
 
 async def test_cancel_mid_write_many_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     b = await _open(tmp_path)
-    started, release = _stall_publish(monkeypatch)
     allocs = await b.allocate_many([(f"c{i}", 600_000, b"") for i in range(5)])  # several segments
-    with anyio.move_on_after(5) as outer:
-        async with anyio.create_task_group() as tg:
 
-            async def writer() -> None:
-                await b.write_many(allocs, [_rand(600_000, i) for i in range(5)])
+    async def writer() -> None:
+        await b.write_many(allocs, [_rand(600_000, i) for i in range(5)])
 
-            tg.start_soon(writer)
-            while not started.is_set():  # noqa: ASYNC110 - set by a worker thread
-                await anyio.sleep(0.001)
-            tg.cancel_scope.cancel()
-            release.set()
-    assert not outer.cancelled_caught
+    await _cancel_during_publish(monkeypatch, writer)
     assert b.stats().used_bytes == 0 and b.stats().reserved_bytes == 0
     assert _segments(tmp_path) == [] and os.listdir(tmp_path / "keys") == []
     assert os.listdir(tmp_path / "tmp") == [] and b.stats().details["segments"] == 0
