@@ -40,24 +40,20 @@ KiB, MiB = 1 << 10, 1 << 20
 SIZES = (16 * KiB, 256 * KiB, 2 * MiB)
 
 
-def _median_time(fn: Callable[[], None], reps: int) -> float:
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+def _timed(fn: Callable[[], None], setup: Callable[[], None] | None = None) -> float:
+    if setup is not None:
+        setup()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
-async def _amedian(fn: Callable[[], Any], reps: int, setup: Callable[[], Any] | None = None) -> float:
-    ts = []
-    for _ in range(reps):
-        if setup is not None:
-            await setup()
-        t0 = time.perf_counter()
-        await fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+async def _atimed(fn: Callable[[], Any], setup: Callable[[], Any] | None = None) -> float:
+    if setup is not None:
+        await setup()
+    t0 = time.perf_counter()
+    await fn()
+    return time.perf_counter() - t0
 
 
 async def bench_dram(total: int, reps: int) -> list[dict[str, Any]]:
@@ -183,20 +179,6 @@ async def bench_pfs(root: Path, total: int, reps: int) -> list[dict[str, Any]]:
         async def get(keys: list[str] = keys, dsts: list[Any] = dsts) -> None:
             await b.read_many(keys, into=dsts)
 
-        def timed(fn: Callable[[], None], setup: Callable[[], None] | None = None) -> float:
-            if setup is not None:
-                setup()
-            t0 = time.perf_counter()
-            fn()
-            return time.perf_counter() - t0
-
-        async def atimed(fn: Callable[[], Any], setup: Callable[[], Any] | None = None) -> float:
-            if setup is not None:
-                await setup()
-            t0 = time.perf_counter()
-            await fn()
-            return time.perf_counter() - t0
-
         def drop_raw(rawpaths: list[Path] = rawpaths) -> None:
             _drop_cache(rawpaths)
 
@@ -214,12 +196,12 @@ async def bench_pfs(root: Path, total: int, reps: int) -> list[dict[str, Any]]:
             op, who = name.split(":")
             if who == "tier":
                 if op == "put":
-                    v = await atimed(put)
+                    v = await _atimed(put)
                     await clear()
                 elif op == "hot":
-                    v = await atimed(get)
+                    v = await _atimed(get)
                 else:
-                    v = await atimed(get, drop_tier)
+                    v = await _atimed(get, drop_tier)
             else:
                 fn = {
                     ("put", "1"): raw_put,
@@ -229,7 +211,7 @@ async def bench_pfs(root: Path, total: int, reps: int) -> list[dict[str, Any]]:
                     ("cold", "1"): raw_get,
                     ("cold", "8"): raw_get_par,
                 }[(op, who)]
-                v = timed(fn, drop_raw if op == "cold" else None)
+                v = _timed(fn, drop_raw if op == "cold" else None)
             t.setdefault(name, []).append(v)
 
         for op in ("put", "hot", "cold"):
