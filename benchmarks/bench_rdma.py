@@ -12,13 +12,19 @@ rotates and reverses from round to round, after one untimed warm-up round):
 * raw: ``RdmaBackend.raw_reference``: the same client and batches, ``batch_put_from``
   / ``batch_get_into`` from/into the registered arena, on the thread count (1, 2 or 4)
   that is fastest for it; no header, no checksum, no bookkeeping;
+* floor: what any anyio library pays at least on this path: the tier's batches by
+  the same ``max_concurrency`` tasks, each batch one ``anyio.to_thread.run_sync``
+  hop (with a limiter) around the tier's own TCP call
+  (``batch_put_from_multi_buffers`` / ``batch_get_into_multi_buffers``: header
+  from the arena, payload in place), nothing else: no header contents, no
+  checksum, no bookkeeping, no error handling;
 * raw+xxh3: the raw side plus one xxh3-64 pass over every byte it moved (of the
   source before each put, of each block after its get) on the same threads: what
   any client that checks every byte it returns must at least pay here, so the
   ceiling of a verifying tier on this machine.
 
-Prints, per block size and op, medians (GB/s), the ratio of the medians and the
-median (with quartiles) of the per-round ratios tierkv / raw and raw+xxh3 / raw.
+Prints, per block size and op, the raw side's median (GB/s) and, for every other
+side, the ratio of its median to raw's and the median of its per-round ratios.
 Usage: ``python benchmarks/bench_rdma.py [--rounds 15] [--mib 128] [--json out.json]``.
 """
 
@@ -31,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +49,7 @@ from tierkv_conformance._envelope import batch_blocks
 
 from tierkv_backends.rdma import RdmaBackend
 
-SIDES = ("tierkv", "raw", "raw+xxh3")
+SIDES = ("tierkv", "floor", "raw", "raw+xxh3")
 
 
 async def _tierkv(b: RdmaBackend, size: int, count: int, rnd: int, pools: list[list[np.ndarray]]) -> dict[str, float]:
@@ -70,6 +77,46 @@ async def _tierkv(b: RdmaBackend, size: int, count: int, rnd: int, pools: list[l
     if not all(bytes(v) == data.tobytes() for v in check):  # untimed
         raise SystemExit("wrong bytes")
     await b.evict_many(keys)
+    return out
+
+
+async def _floor(b: RdmaBackend, size: int, count: int, rnd: int, pools: list[list[np.ndarray]]) -> dict[str, float]:
+    store, staging = b._store, b._staging
+    assert store is not None and staging is not None
+    data = np.random.default_rng(rnd + 7).integers(0, 256, size, dtype=np.uint8)
+    src = int(data.ctypes.data)
+    keys = [f"tierkv/{b.namespace}/__floor__{rnd + 1}.{i}" for i in range(count)]
+    per = batch_blocks(size, count)
+    conc = b.capabilities.max_concurrency
+    limiter = anyio.CapacityLimiter(conc)
+    head = 64
+    hdr = staging.alloc_many([conc * per * head], time.monotonic() + 30)[0]
+    out: dict[str, float] = {}
+    try:
+        for op in ("write", "read"):
+            parts = iter([keys[i : i + per] for i in range(0, count, per)])
+
+            async def worker(w: int, op: str = op, parts: Any = parts) -> None:
+                dst = [int(o.ctypes.data) for o in pools[w]]
+                hs = [staging.ptr + hdr + (w * per + j) * head for j in range(per)]
+                for part in parts:
+                    n = len(part)
+                    if op == "write":
+                        ptrs = [[hs[j], src] for j in range(n)]
+                        call = partial(store.batch_put_from_multi_buffers, part, ptrs, [[head, size]] * n)
+                    else:
+                        ptrs = [[hs[j], dst[j]] for j in range(n)]
+                        call = partial(store.batch_get_into_multi_buffers, part, ptrs, [[head, size]] * n)
+                    await anyio.to_thread.run_sync(call, limiter=limiter)
+
+            t0 = time.perf_counter()
+            async with anyio.create_task_group() as tg:
+                for w in range(conc):
+                    tg.start_soon(worker, w)
+            out[op] = size * count / (time.perf_counter() - t0) / 1e9
+    finally:
+        store.batch_remove(keys, True)
+        staging.free_many([hdr], [conc * per * head])
     return out
 
 
@@ -126,6 +173,8 @@ async def _side(
     conc = b.capabilities.max_concurrency
     if side == "tierkv":
         return await _tierkv(b, size, count, rnd, pools)
+    if side == "floor":
+        return await _floor(b, size, count, rnd, pools)
     out: dict[str, float] = {}
     for op in ("write", "read"):
         m = await b.raw_reference(op, size, count, conc)  # calibrates its thread count on first use
@@ -162,7 +211,7 @@ async def run(rounds: int, mib: int) -> dict[str, Any]:
                 for side in SIDES:  # warm-up, untimed
                     await _side(b, side, size, count, -1, pools)
                 for rnd in range(rounds):
-                    order = list(SIDES[rnd % 3 :] + SIDES[: rnd % 3])
+                    order = list(SIDES[rnd % len(SIDES) :] + SIDES[: rnd % len(SIDES)])
                     for side in order[::-1] if rnd % 2 else order:
                         for op, g in (await _side(b, side, size, count, rnd, pools)).items():
                             got[side][op].append(g)
@@ -172,7 +221,7 @@ async def run(rounds: int, mib: int) -> dict[str, Any]:
                     for side in SIDES:
                         row[f"{side}_{op}_gbps"] = statistics.median(got[side][op])
                         row[f"{side}_{op}_all"] = [round(x, 3) for x in got[side][op]]
-                    for side in ("tierkv", "raw+xxh3"):
+                    for side in ("tierkv", "floor", "raw+xxh3"):
                         paired = [x / r for x, r in zip(got[side][op], raw, strict=True)]
                         row[f"{side}_{op}_ratio"] = statistics.median(got[side][op]) / statistics.median(raw)
                         row[f"{side}_{op}_paired"] = _q(paired)
@@ -191,19 +240,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     res = anyio.run(run, args.rounds, args.mib)
-    print(f"io_path={res['io_path']} emulated={res['emulated']} (medians of {args.rounds} interleaved rounds, GB/s)")
+    print(f"io_path={res['io_path']} emulated={res['emulated']} (medians of {args.rounds} interleaved rounds)")
+    others = [x for x in SIDES if x != "raw"]
     print(
-        f"{'block':>6} {'op':>5} {'tierkv':>7} {'raw':>7} {'raw+xxh3':>8}  {'tierkv/raw':>10} "
-        f"{'(paired: q1 median q3)':>24}  {'raw+xxh3/raw':>12} {'(paired)':>8}"
+        f"{'block':>6} {'op':>5} {'raw GB/s':>8}  "
+        + "  ".join(f"{x + '/raw':>16}" for x in others)
+        + "   (each: ratio of medians [median of per-round ratios])"
     )
     for size, row in res["sizes"].items():
         for op in ("write", "read"):
-            t, r, c = (row[f"{s}_{op}_gbps"] for s in SIDES)
-            tq, cq = row[f"tierkv_{op}_paired"], row[f"raw+xxh3_{op}_paired"]
-            print(
-                f"{size:>6} {op:>5} {t:7.2f} {r:7.2f} {c:8.2f}  {t / r:10.2f} "
-                f"{f'{tq[0]:.2f} {tq[1]:.2f} {tq[2]:.2f}':>24}  {c / r:12.2f} {cq[1]:8.2f}"
-            )
+            cells = [f"{row[f'{x}_{op}_ratio']:7.2f} [{row[f'{x}_{op}_paired'][1]:.2f}]" for x in others]
+            print(f"{size:>6} {op:>5} {row[f'raw_{op}_gbps']:8.2f}  " + "  ".join(f"{c:>16}" for c in cells))
         print(f"{'':>6} raw reference: {row['raw_method']}")
     if args.json:
         args.json.write_text(json.dumps(res, indent=2))

@@ -30,7 +30,15 @@ from tierkv._errors import (
     PluginUnavailableError,
 )
 from tierkv_backends._mooncake import ERROR_CODES, MasterProcess, code_name, translate
-from tierkv_backends.rdma import _ALGO_CRC32, _ALGO_XXH3, HEADER_BYTES, RdmaBackend, _checksum, _checksum_parts
+from tierkv_backends.rdma import (
+    _ALGO_CRC32,
+    _ALGO_XXH3,
+    _HDR_PER_CHUNK,
+    HEADER_BYTES,
+    RdmaBackend,
+    _checksum,
+    _checksum_parts,
+)
 
 pytestmark = pytest.mark.anyio
 _HAS_IB_SYSFS = Path("/sys/class/infiniband").exists()
@@ -144,6 +152,31 @@ async def test_batch_write_read_many(clients: Clients) -> None:
         await b.read_many([keys[0], "missing"])
     assert await b.evict_many([*keys, "missing"]) == [True] * len(keys) + [False]
     assert b.stats().used_bytes == s0.used_bytes and b.stats().blocks == s0.blocks
+
+
+async def test_header_slots_pooled_and_arena_fallback(clients: Clients, master: MasterProcess) -> None:
+    """Batches take their header slots from the set-aside chunks when they fit, and from the
+    arena otherwise (more objects than a chunk holds, or an arena too small to set any aside);
+    either way every block round-trips and every slot is given back."""
+    tiny = await RdmaBackend.open(_opts(master, namespace=f"{clients.ns}-tiny", staging_bytes="1MiB"))
+    async with tiny:
+        for b, n in ((clients.a, 8), (clients.a, _HDR_PER_CHUNK + 40), (tiny, 8), (tiny, 600)):
+            staging = b._staging
+            assert staging is not None
+            chunks0, free0 = len(staging._hdr_chunks), list(staging._free)
+            blobs = [_blob(64 + i % 7, i) for i in range(n)]
+            keys = [f"hs{n}-{i}" for i in range(n)]
+            allocs = await b.allocate_many(
+                [(k, x.nbytes, b"t" * (i % 3)) for i, (k, x) in enumerate(zip(keys, blobs, strict=True))]
+            )
+            await b.write_many(allocs, blobs)
+            outs = [bytearray(x.nbytes) for x in blobs]
+            got = await b.read_many(keys, into=outs)
+            assert [bytes(g) for g in got] == [x.tobytes() for x in blobs]
+            assert (len(staging._hdr_chunks), staging._free) == (chunks0, free0)
+            await b.evict_many(keys)
+        assert tiny._staging is not None and tiny._staging._hdr_chunks == []  # 1 MiB: nothing set aside
+        assert clients.a._staging is not None and len(clients.a._staging._hdr_chunks) == 8
 
 
 async def test_namespaces_isolate_blocks(clients: Clients) -> None:

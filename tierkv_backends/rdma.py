@@ -98,7 +98,13 @@ _VERSION = 1
 _ALGO_XXH3 = 1
 _ALGO_CRC32 = 2
 _ALGO_NAMES = {"xxh3": _ALGO_XXH3, "crc32": _ALGO_CRC32}
+_ALGO_LABEL = {v: k for k, v in _ALGO_NAMES.items()}
 _ALIGN = 64
+#: Scratch for one object's header + tag (the largest tag fits), 64-byte aligned.
+_HDR_SLOT = (HEADER_BYTES + MAX_TAG_BYTES + _ALIGN - 1) // _ALIGN * _ALIGN
+#: Header slots per set-aside chunk; a batch with more objects takes its header room from the arena.
+_HDR_PER_CHUNK = 512
+_HDR_CHUNK = _HDR_PER_CHUNK * _HDR_SLOT
 _NS_RE = re.compile(r"[0-9A-Za-z._-]{1,128}")
 _NOT_FOUND = (-703, -704, -707, -710, -712)
 _INSTALL_HINT = "pip install 'tierkv[rdma]' (mooncake-transfer-engine-non-cuda; apt install libibverbs1)"
@@ -197,6 +203,7 @@ class _Staging:
         self.ptr = int(self.array.ctypes.data)
         self._free: list[tuple[int, int]] = [(0, size)]
         self._cv = threading.Condition()
+        self._hdr_chunks: list[int] = []
 
     @staticmethod
     def _round(n: int) -> int:
@@ -216,6 +223,34 @@ class _Staging:
                 return None
         self._free = [f for f in free if f[1] > 0]
         return offs
+
+    def carve_header_chunks(self, n: int) -> None:
+        """Set aside ``n`` chunks of :data:`_HDR_PER_CHUNK` header slots (one per batch in
+        flight), taken and given back by :meth:`take_headers` / :meth:`give_headers`
+        without the arena's lock (``list.pop`` / ``append`` are atomic). At most an
+        eighth of the arena; with none set aside every batch takes arena space."""
+        n = min(n, self.size // 8 // _HDR_CHUNK)
+        if n <= 0:
+            return
+        [off] = self.alloc_many([n * _HDR_CHUNK], time.monotonic())
+        self._hdr_chunks = [off + i * _HDR_CHUNK for i in range(n)]
+
+    def take_headers(self, count: int, deadline: float) -> tuple[int, bool]:
+        """Room for ``count`` header slots of :data:`_HDR_SLOT` bytes: (offset, pooled).
+        A set-aside chunk when one is free and large enough, else arena space
+        (waiting up to ``deadline``, TimeoutError)."""
+        if count <= _HDR_PER_CHUNK:
+            try:
+                return self._hdr_chunks.pop(), True
+            except IndexError:
+                pass
+        return self.alloc_many([count * _HDR_SLOT], deadline)[0], False
+
+    def give_headers(self, off: int, count: int, pooled: bool) -> None:
+        if pooled:
+            self._hdr_chunks.append(off)
+        else:
+            self.free_many([off], [count * _HDR_SLOT])
 
     def alloc_many(self, sizes: Sequence[int], deadline: float) -> list[int]:
         with self._cv:
@@ -490,6 +525,7 @@ class RdmaBackend(Backend):
             if rc != 0:
                 staging.close()
                 raise BackendIOError(f"register_buffer failed: {code_name(rc)}", tier=self.name)
+            staging.carve_header_chunks(2 * self._max_conc)
             self._staging = staging
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -665,11 +701,15 @@ class RdmaBackend(Backend):
         direct = self._direct
         heads = [HEADER_BYTES + len(tag) for _, tag, _ in items]
         sizes = [h + len(mv) for h, (_, _, mv) in zip(heads, items, strict=True)]
-        staged = heads if direct else sizes
+        staged = [_HDR_SLOT] * len(items) if direct else sizes
         codes: list[int] = []
-        for chunk in _chunks(staged, staging.size // 2):
+        for chunk in _chunks(staged, staging.size // 4 if direct else staging.size // 2):
             csizes = [staged[i] for i in chunk]
-            offs = staging.alloc_many(csizes, deadline)
+            if direct:  # header slots only: the payloads stay where they are
+                hbase, pooled = staging.take_headers(len(chunk), deadline)
+                offs = [hbase + j * _HDR_SLOT for j in range(len(chunk))]
+            else:
+                offs = staging.alloc_many(csizes, deadline)
             try:
                 keys: list[str] = []
                 view = staging.view
@@ -702,7 +742,10 @@ class RdmaBackend(Backend):
                             store.remove(k, True)
                 codes.extend(res)
             finally:
-                staging.free_many(offs, csizes)
+                if direct:
+                    staging.give_headers(hbase, len(chunk), pooled)
+                else:
+                    staging.free_many(offs, csizes)
         return codes
 
     async def write_many(self, allocations: Sequence[Allocation], datas: Sequence[Buffer]) -> None:
@@ -795,19 +838,19 @@ class RdmaBackend(Backend):
         if got < HEADER_BYTES or len(region) < HEADER_BYTES:
             return f"object of {got} bytes is shorter than the header", 0, 0
         magic, version, algo, tlen, key_crc, nbytes, ck = _HEADER.unpack_from(region, 0)
-        if magic != _MAGIC or version != _VERSION or algo not in (_ALGO_XXH3, _ALGO_CRC32):
+        if magic != _MAGIC or version != _VERSION or algo not in _ALGO_LABEL:
             return "bad header (not a tierkv object or unknown version)", 0, 0
         if key_crc != zlib.crc32(skey.encode()):
             return "header names another key", 0, 0
         if HEADER_BYTES + tlen + nbytes != got:
             return f"length mismatch: header says {HEADER_BYTES + tlen + nbytes} bytes, object has {got}", 0, 0
+        if payload is not None and (HEADER_BYTES + tlen != len(region) or len(payload) != nbytes):
+            return "layout mismatch", 0, 0
         if algo == _ALGO_XXH3 and not _xxhash_available():
             return "object checksummed with xxh3 but xxhash is not installed", 0, 0
         if payload is None:
             actual = _checksum(algo, region[HEADER_BYTES:got])
         else:
-            if HEADER_BYTES + tlen != len(region) or len(payload) != nbytes:
-                return "layout mismatch", 0, 0
             actual = _checksum_parts(algo, (region[HEADER_BYTES:], payload))
         if actual != ck:
             return "checksum mismatch", 0, 0
@@ -830,7 +873,8 @@ class RdmaBackend(Backend):
         redo: list[int] = []
         quarantine: list[str] = []
         heads = [items[i][3] for i in idx]
-        offs = staging.alloc_many(heads, deadline)
+        hbase, pooled = staging.take_headers(len(idx), deadline)
+        offs = [hbase + j * _HDR_SLOT for j in range(len(idx))]
         try:
             base = staging.ptr
             ptrs: list[list[int]] = []
@@ -869,7 +913,7 @@ class RdmaBackend(Backend):
                 else:
                     out[i] = _Got(data=payload)
         finally:
-            staging.free_many(offs, heads)
+            staging.give_headers(hbase, len(idx), pooled)
         redo.reverse()
         return out, redo, quarantine
 
@@ -893,11 +937,15 @@ class RdmaBackend(Backend):
                 for i, (_, size, into, head) in enumerate(items)
                 if head > 0 and into is not None and len(into) >= size - head
             ]
-            if fast:
-                got, redo, bad = self._get_direct(items, fast, deadline)
+            step = max(_HDR_PER_CHUNK, staging.size // 4 // _HDR_SLOT)
+            redo: list[int] = []
+            for lo in range(0, len(fast), step):
+                got, again, bad = self._get_direct(items, fast[lo : lo + step], deadline)
                 for i, g in got.items():
                     out[i] = g
                 quarantine += bad
+                redo += again
+            if fast:
                 fastset = set(fast) - set(redo)
                 rest = [i for i in rest if i not in fastset]
                 for i in redo:
@@ -1136,7 +1184,7 @@ class RdmaBackend(Backend):
                 "namespace": self._namespace,
                 "rdma_devices": list(self._devices),
                 "discovery": self._discovery,
-                "checksum": "xxh3" if self._algo == _ALGO_XXH3 else "crc32",
+                "checksum": _ALGO_LABEL[self._algo],
                 "global_segment_size": self._segment,
                 "staging_bytes": self._staging_bytes,
             }
