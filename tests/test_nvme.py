@@ -385,6 +385,19 @@ async def test_read_many_quarantines_corrupted_block(tmp_path: Path) -> None:
         assert [i.key for i in await b.scan()] == ["good"]
 
 
+def test_envelope_instances_hold_a_full_measurement(tmp_path: Path) -> None:
+    """Each certification instance lets the envelope move its whole 128 MiB target (it moves at
+    most 80 % of the free capacity, in slots of block + one header page), at every block size."""
+    from tierkv_conformance._envelope import BLOCK_SIZES
+
+    for size in BLOCK_SIZES:
+        o = NvmeBackend.envelope_options({"path": str(tmp_path / "n")}, size)
+        assert o is not None and o["slot_bytes"] == size and o["path"].endswith(f"envelope-{size}")
+        want = max(32, min(2048, (128 << 20) // size))
+        assert int(o["capacity"] * 0.8) // (size + 4096) >= want, size
+    assert NvmeBackend.envelope_options({"path": [str(tmp_path / "a"), str(tmp_path / "b")]}, 1 << 20) is None
+
+
 def test_coalesce_plans_adjacent_runs() -> None:
     stride = {0: 64 * 1024 + PAGE, 1: (1 << 20) + PAGE}.__getitem__
     # adjacent slots of one slab form runs (in slot order); gaps, other slabs and None break them
