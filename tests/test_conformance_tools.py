@@ -8,11 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conformance_ref import RefMemoryBackend
 from tierkv_conformance import FaultConfig, FaultInjectingBackend
 from tierkv_conformance._certify import build_verdict, render_markdown
-from tierkv_conformance._envelope import raw_memcpy, raw_odirect
+from tierkv_conformance._envelope import IoMemory, _measure_backend, raw_memcpy, raw_odirect
 from tierkv_conformance._hardware import (
     detect_cxl,
     detect_devdax,
@@ -200,6 +201,43 @@ def test_raw_references(tmp_path: Path) -> None:
     m = raw_odirect(tmp_path, "read", 65536, 32, 2)
     assert m.nbytes == 65536 * 32 and m.seconds > 0 and "preadv" in m.method
     assert not list(tmp_path.iterdir())
+
+
+def test_raw_odirect_moves_the_rows_shared_memory(tmp_path: Path) -> None:
+    """With an IoMemory the raw reference writes from its source block and reads into its
+    rings (the buffers the backend side of the row uses), and refuses memory of another shape."""
+    size, per = 65536, 4
+    mem = IoMemory.allocate(size, 2, per)
+    mem.src[:] = os.urandom(size)
+    for ring in mem.rings:
+        for buf in ring:
+            buf[:] = bytes(size)
+    keep = tmp_path / "raw"
+    w = raw_odirect(tmp_path, "write", size, 16, 2, 4, keep=keep, memory=mem)
+    r = raw_odirect(tmp_path, "read", size, 16, 2, keep=keep, memory=mem)
+    assert w.nbytes == r.nbytes == size * 16 and "fdatasync" in w.method
+    assert all(bytes(buf) == bytes(mem.src) for ring in mem.rings for buf in ring)  # every ring buffer was read into
+    assert keep.stat().st_size >= size * 16
+    with pytest.raises(ValueError, match="memory"):
+        raw_odirect(tmp_path, "read", size * 2, 4, 2, keep=tmp_path / "other", memory=mem)
+    with pytest.raises(ValueError, match="memory"):
+        raw_odirect(tmp_path, "read", size, 4, 3, keep=tmp_path / "other", memory=mem)
+
+
+@pytest.mark.anyio
+async def test_backend_side_uses_the_rows_shared_memory() -> None:
+    """The envelope's backend side writes from IoMemory.src and reads into its rings."""
+    b = await RefMemoryBackend.open({"capacity": "64MiB"})
+    try:
+        size = 1 << 20
+        mem = IoMemory.allocate(size, 2, 8)  # a batch's worth (8 MiB: 8 blocks here) per task
+        await _measure_backend(b, "read", size, 16, 2, 3, memory=mem)
+        # two batches of 8 read into the rings of whichever tasks took them: 16 buffers filled
+        filled = [bytes(buf) == bytes(mem.src) for ring in mem.rings for buf in ring]
+        assert sum(filled) == 16 or (sum(filled) == 8 and all(filled[:8]) != all(filled[8:]))
+        assert bytes(mem.src) == np.random.default_rng(3).integers(0, 256, size, dtype=np.uint8).tobytes()
+    finally:
+        await b.aclose()
 
 
 def test_verdicts() -> None:

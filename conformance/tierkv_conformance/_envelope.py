@@ -18,9 +18,11 @@ the same number of blocks of the same size:
   before timing, at the backend's concurrency
   (buffered, and labelled so, where the filesystem refuses ``O_DIRECT``); for
   a persistent backend the writes are made durable too (``fdatasync`` once per
-  batch of the same size), since its ``write`` returns only once durable; the
-  backend side's source and destination buffers are page-aligned like the raw
-  side's (an O_DIRECT reference needs them), and a backend may give its own
+  batch of the same size), since its ``write`` returns only once durable; both
+  sides move the same page-aligned buffers (:class:`IoMemory`, allocated once per
+  row: one source block, one ring of a batch's worth of destination buffers per
+  task or thread), since on a virtual disk the speed of O_DIRECT depends on where
+  the guest placed a buffer's pages; and a backend may give its own
   configuration per block size (``envelope_options(options, block_bytes)``,
   e.g. slots of that size; the row's ``note`` says so);
 * anything else: the backend's own :class:`SupportsRawReference`, else none
@@ -67,7 +69,7 @@ _RDMA_REPS = 9
 #: the next: storage rows get more repetitions than memory rows. For every tier the backend
 #: and raw sides alternate which goes first in each repetition, so that neither always runs
 #: on a medium still busy with the other's writes.
-_STORAGE_REPS = 7
+_STORAGE_REPS = 11
 _MEMORY = {TierKind.DRAM, TierKind.CXL, TierKind.HBM}
 _STORAGE = {TierKind.NVME, TierKind.PFS}
 
@@ -131,6 +133,7 @@ def raw_odirect(
     sync_every: int = 0,
     *,
     keep: Path | None = None,
+    memory: IoMemory | None = None,
 ) -> RawMeasurement:
     """``count`` pwritev/preadv of ``block_bytes`` on one file in ``directory`` with
     ``concurrency`` threads; O_DIRECT unless the filesystem refuses it (then
@@ -140,7 +143,10 @@ def raw_odirect(
     followed by one ``fdatasync``, as the backend's ``write_many`` of the same batch.
     With ``keep`` the file is that path, laid out only the first time and left in
     place for the next repetition (the caller removes it): deleting and re-creating
-    it between repetitions would load the filesystem while the backend's side runs."""
+    it between repetitions would load the filesystem while the backend's side runs.
+    With ``memory`` the I/O goes from and into those buffers (the ones the backend side
+    of the same row uses: writes from ``memory.src``, thread ``w`` reads into the ring
+    ``memory.rings[w]`` in turn); else from and into one fresh buffer per thread."""
     directory.mkdir(parents=True, exist_ok=True)
     path = keep or directory / f".tierkv-raw-{os.getpid()}-{threading.get_ident()}"
     slots = max(1, min(count, (256 * MiB) // max(1, block_bytes)))
@@ -154,11 +160,17 @@ def raw_odirect(
         fd = os.open(path, flags, 0o600)
         method = "buffered pwritev/preadv + fdatasync (O_DIRECT refused by the filesystem)"
     try:
-        bufs = [mmap.mmap(-1, block_bytes) for _ in range(concurrency)]
-        for b in bufs:
+        own = [mmap.mmap(-1, block_bytes) for _ in range(concurrency)] if memory is None else []
+        for b in own:
             b.write(os.urandom(min(block_bytes, 4096)) * (block_bytes // min(block_bytes, 4096)))
+        if memory is not None and (
+            len(memory.src) != block_bytes or len(memory.rings) < concurrency or not all(memory.rings[:concurrency])
+        ):
+            raise ValueError("raw_odirect: memory does not match block_bytes and concurrency")
+        src: list[Any] = [memory.src] * concurrency if memory is not None else own
+        rings: list[list[Any]] = memory.rings[:concurrency] if memory is not None else [[b] for b in own]
         try:
-            os.pwritev(fd, [bufs[0]], 0)
+            os.pwritev(fd, [src[0]], 0)
         except OSError as exc:
             if exc.errno != errno.EINVAL or "O_DIRECT" not in method:
                 raise
@@ -169,7 +181,7 @@ def raw_odirect(
         # the reference must not pay for extent allocation either)
         if os.fstat(fd).st_size < slots * block_bytes:
             for s in range(slots):
-                os.pwritev(fd, [bufs[0]], s * block_bytes)
+                os.pwritev(fd, [src[0]], s * block_bytes)
             os.fsync(fd)
         errors: list[BaseException] = []
         # writes of a persistent tier go in batches of ``sync_every`` blocks, each made durable
@@ -182,7 +194,8 @@ def raw_odirect(
             lock = threading.Lock()
 
             def worker(w: int) -> None:
-                buf = bufs[w]
+                out, ring = src[w], rings[w]
+                c = 0
                 while True:
                     with lock:
                         i = next(next_i, None)
@@ -191,9 +204,10 @@ def raw_odirect(
                     try:
                         off = (i % slots) * block_bytes
                         if op == "write":
-                            os.pwritev(fd, [buf], off)
+                            os.pwritev(fd, [out], off)
                         else:
-                            os.preadv(fd, [buf], off)
+                            os.preadv(fd, [ring[c % len(ring)]], off)
+                            c += 1
                     except BaseException as exc:
                         errors.append(exc)
                         return
@@ -215,7 +229,7 @@ def raw_odirect(
             dt = time.perf_counter() - t0
         if errors:
             raise errors[0]
-        for b in bufs:
+        for b in own:
             b.close()
     finally:
         os.close(fd)
@@ -244,6 +258,25 @@ def _page_aligned(nbytes: int) -> memoryview:
     return mv
 
 
+@dataclass(frozen=True, slots=True)
+class IoMemory:
+    """The buffers of one storage row, shared by the backend side and the raw O_DIRECT
+    side: ``src`` (the block every write sends) and one ring of ``per`` destination
+    buffers per task/thread (``rings``), all page-aligned and touched. Allocated once
+    per row, so that neither side gets better-placed memory: on a virtual disk the
+    speed of O_DIRECT into freshly mapped buffers varies by up to 1.6x with where the
+    guest happened to place their pages."""
+
+    src: memoryview
+    rings: list[list[memoryview]]
+
+    @classmethod
+    def allocate(cls, block_bytes: int, concurrency: int, per: int) -> IoMemory:
+        return cls(
+            _page_aligned(block_bytes), [[_page_aligned(block_bytes) for _ in range(per)] for _ in range(concurrency)]
+        )
+
+
 @contextlib.contextmanager
 def _no_gc() -> Iterator[None]:
     """Collect garbage now and keep the cyclic collector out of the timed region (as
@@ -259,14 +292,28 @@ def _no_gc() -> Iterator[None]:
 
 
 async def _measure_backend(
-    b: Backend, op: str, block_bytes: int, count: int, concurrency: int, rep: int, *, aligned: bool = False
+    b: Backend,
+    op: str,
+    block_bytes: int,
+    count: int,
+    concurrency: int,
+    rep: int,
+    *,
+    aligned: bool = False,
+    memory: IoMemory | None = None,
 ) -> tuple[float, list[float]]:
     """Throughput of ``count`` blocks moved with the batch twins by ``concurrency``
     tasks, plus single-operation latencies (allocate+write, or read into a buffer).
     With ``aligned`` (storage tiers) the source and destination buffers are
-    page-aligned like the raw O_DIRECT side's, so both sides get the same memory."""
+    page-aligned like the raw O_DIRECT side's; with ``memory`` they are the very
+    buffers the raw side of the same row uses."""
     data: bytes | memoryview = np.random.default_rng(rep).integers(0, 256, block_bytes, dtype=np.uint8).tobytes()
-    if aligned:
+    if memory is not None:
+        if len(memory.src) != block_bytes or len(memory.rings) < concurrency:
+            raise ValueError("_measure_backend: memory does not match block_bytes and concurrency")
+        memory.src[:] = data
+        data = memory.src
+    elif aligned:
         src = _page_aligned(block_bytes)
         src[:] = data
         data = src
@@ -281,10 +328,14 @@ async def _measure_backend(
             await b.write_many(allocs, [data] * len(part))
 
     # caller buffers exist (and are touched) before timing, as the raw side's memory is
-    pools: list[list[bytearray | memoryview]] = [
-        [_page_aligned(block_bytes) if aligned else bytearray(block_bytes) for _ in range(per)]
-        for _ in range(concurrency)
-    ]
+    pools: list[list[bytearray | memoryview]] = (
+        [list(r[:per]) for r in memory.rings[:concurrency]]
+        if memory is not None
+        else [
+            [_page_aligned(block_bytes) if aligned else bytearray(block_bytes) for _ in range(per)]
+            for _ in range(concurrency)
+        ]
+    )
     for pool in pools:
         for buf in pool:
             buf[::4096] = b"\x01" * len(buf[::4096])
@@ -334,7 +385,14 @@ def storage_dir(options: dict[str, Any], fallback: Path) -> Path:
 
 
 async def _raw_side(
-    b: Backend, op: str, size: int, count: int, concurrency: int, options: dict[str, Any], workdir: Path
+    b: Backend,
+    op: str,
+    size: int,
+    count: int,
+    concurrency: int,
+    options: dict[str, Any],
+    workdir: Path,
+    memory: IoMemory | None = None,
 ) -> RawMeasurement | None:
     """One measurement of the raw reference for a row: the backend's own
     (:class:`SupportsRawReference`), memcpy for memory tiers, O_DIRECT on a laid-out
@@ -350,7 +408,7 @@ async def _raw_side(
         sync_every = batch_blocks(size, count) if caps.persistent else 0
         raw_file = d / f".tierkv-raw-{os.getpid()}-{size}"
         return await anyio.to_thread.run_sync(
-            functools.partial(raw_odirect, d, op, size, count, concurrency, sync_every, keep=raw_file)
+            functools.partial(raw_odirect, d, op, size, count, concurrency, sync_every, keep=raw_file, memory=memory)
         )
     return None
 
@@ -403,21 +461,33 @@ async def measure_envelope(
                 raw: list[float] = []
                 method = ""
                 ref = cur if rdma is not None and isinstance(cur, SupportsRawReference) else None
+                # storage rows against the O_DIRECT reference: both sides use the same buffers
+                memory = (
+                    IoMemory.allocate(size, concurrency, batch_blocks(size, count))
+                    if caps.tier_kind in _STORAGE and not isinstance(cur, SupportsRawReference)
+                    else None
+                )
                 if ref is not None and not quick:  # untimed warm-up pair (connections, caches, raw thread count)
                     await _measure_backend(cur, op, size, count, concurrency, reps)
                     await ref.raw_reference(op, size, count, concurrency)
                 for rep in range(reps):
                     # the raw side goes first on odd repetitions, second on even ones
                     first = (
-                        await _raw_side(cur, op, size, count, concurrency, cur_options, workdir) if rep % 2 else None
+                        await _raw_side(cur, op, size, count, concurrency, cur_options, workdir, memory)
+                        if rep % 2
+                        else None
                     )
                     g, l_ = await _measure_backend(
-                        cur, op, size, count, concurrency, rep, aligned=caps.tier_kind in _STORAGE
+                        cur, op, size, count, concurrency, rep, aligned=caps.tier_kind in _STORAGE, memory=memory
                     )
                     gb.append(g)
                     lat += l_
                     gc.collect()
-                    m = first if rep % 2 else await _raw_side(cur, op, size, count, concurrency, cur_options, workdir)
+                    m = (
+                        first
+                        if rep % 2
+                        else await _raw_side(cur, op, size, count, concurrency, cur_options, workdir, memory)
+                    )
                     if m is not None:
                         raw.append(m.gbps)
                         method = m.method
