@@ -386,14 +386,14 @@ async def test_read_many_quarantines_corrupted_block(tmp_path: Path) -> None:
 
 
 def test_envelope_instances_hold_a_full_measurement(tmp_path: Path) -> None:
-    """Each certification instance lets the envelope move its whole 128 MiB target (it moves at
+    """Each certification instance lets the envelope move its whole storage target (it moves at
     most 80 % of the free capacity, in slots of block + one header page), at every block size."""
-    from tierkv_conformance._envelope import BLOCK_SIZES
+    from tierkv_conformance._envelope import BLOCK_SIZES, STORAGE_TARGET_BYTES
 
     for size in BLOCK_SIZES:
         o = NvmeBackend.envelope_options({"path": str(tmp_path / "n")}, size)
         assert o is not None and o["slot_bytes"] == size and o["path"].endswith(f"envelope-{size}")
-        want = max(32, min(2048, (128 << 20) // size))
+        want = max(32, min(2048, STORAGE_TARGET_BYTES // size))
         assert int(o["capacity"] * 0.8) // (size + 4096) >= want, size
     assert NvmeBackend.envelope_options({"path": [str(tmp_path / "a"), str(tmp_path / "b")]}, 1 << 20) is None
 

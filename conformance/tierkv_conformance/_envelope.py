@@ -56,9 +56,18 @@ from tierkv._backend import Backend, TierKind
 from ._reference import RawMeasurement, SupportsRawReference
 from ._suite import block_key
 
-__all__ = ["BLOCK_SIZES", "EnvelopeRow", "measure_envelope", "raw_memcpy", "raw_odirect"]
+__all__ = [
+    "BLOCK_SIZES",
+    "STORAGE_TARGET_BYTES",
+    "TARGET_BYTES",
+    "EnvelopeRow",
+    "IoMemory",
+    "measure_envelope",
+    "raw_memcpy",
+    "raw_odirect",
+]
 
-KiB, MiB = 1024, 1024 * 1024
+KiB, MiB, GiB = 1024, 1024 * 1024, 1024 * 1024 * 1024
 BLOCK_SIZES = (16 * KiB, 256 * KiB, 2 * MiB)
 #: Block sizes measured in addition for some tier kinds (rdma: its acceptance figure is at 1 and 4 MiB).
 _EXTRA_SIZES: dict[TierKind, tuple[int, ...]] = {TierKind.RDMA: (1 * MiB, 4 * MiB)}
@@ -70,6 +79,11 @@ _RDMA_REPS = 9
 #: and raw sides alternate which goes first in each repetition, so that neither always runs
 #: on a medium still busy with the other's writes.
 _STORAGE_REPS = 11
+#: Bytes moved per side and measurement (at most 2048 blocks, at least 32). Storage rows move
+#: more: a virtual disk absorbs short bursts in its host's cache, so 128 MiB at 3-5 GB/s
+#: (25-40 ms) measured the cache's mood more than the medium.
+TARGET_BYTES = 128 * MiB
+STORAGE_TARGET_BYTES = 512 * MiB
 _MEMORY = {TierKind.DRAM, TierKind.CXL, TierKind.HBM}
 _STORAGE = {TierKind.NVME, TierKind.PFS}
 
@@ -149,7 +163,10 @@ def raw_odirect(
     ``memory.rings[w]`` in turn); else from and into one fresh buffer per thread."""
     directory.mkdir(parents=True, exist_ok=True)
     path = keep or directory / f".tierkv-raw-{os.getpid()}-{threading.get_ident()}"
-    slots = max(1, min(count, (256 * MiB) // max(1, block_bytes)))
+    # one slot per block moved (up to 1 GiB), as the backend side writes every block of a
+    # measurement to a slot of its own: rewriting a smaller file would let a virtual disk's
+    # host cache absorb the second pass
+    slots = max(1, min(count, GiB // max(1, block_bytes)))
     flags = os.O_RDWR | os.O_CREAT
     method = "O_DIRECT pwritev/preadv"
     try:
@@ -427,7 +444,7 @@ async def measure_envelope(
     concurrency = 1 if caps.tier_kind in _MEMORY else max(1, min(caps.max_concurrency, 32))
     rdma = b if caps.tier_kind is TierKind.RDMA and isinstance(b, SupportsRawReference) else None
     reps = 1 if quick else (_RDMA_REPS if rdma is not None else _STORAGE_REPS if caps.tier_kind in _STORAGE else 5)
-    target = (16 if quick else 128) * MiB
+    target = 16 * MiB if quick else STORAGE_TARGET_BYTES if caps.tier_kind in _STORAGE else TARGET_BYTES
     rows: list[EnvelopeRow] = []
     for size in sorted({*BLOCK_SIZES, *_EXTRA_SIZES.get(caps.tier_kind, ())}):
         cur, cur_options, note = b, options, ""
