@@ -491,10 +491,11 @@ async def test_cancel_mid_write_many_leaves_nothing(tmp_path: Path, monkeypatch:
         assert await b2.scan() == []
 
 
-@pytest.mark.parametrize("at", [0, 300_000, (1 << 20) - 1])
+@pytest.mark.parametrize("at", [0, 300_000, 600_000, (1 << 20) - 1])
 async def test_large_blocks_verified_piece_by_piece(tmp_path: Path, at: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Blocks over 256 KiB read from the page cache by a lone caller are read and hashed in
-    pieces: a flipped byte in any piece is still caught (and quarantined), the others read."""
+    """Blocks over 512 KiB read from the page cache by a lone caller are read and hashed in
+    pieces (two of 512 KiB here): a flipped byte in any piece is still caught (and
+    quarantined), the others read."""
     calls: list[int] = []
     real = PfsBackend._read_pieces
 
