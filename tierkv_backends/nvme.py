@@ -486,11 +486,11 @@ class NvmeBackend(Backend):
         path = options.get("path")
         if not isinstance(path, (str, os.PathLike)):
             return None
-        # room for the envelope's full 512 MiB per storage measurement (at most 2048 blocks; it
+        # room for the envelope's full 512 MiB per storage measurement (32 to 2048 blocks; it
         # moves at most 80 % of the free capacity, in slots of block + header page): shorter
         # measurements on a shared virtual disk are mostly noise
-        blocks = min(2048, (512 << 20) // max(1, block_bytes))
-        cap = max(192 << 20, blocks * (block_bytes + PAGE) * 5 // 4 + (1 << 20), 192 * block_bytes)
+        blocks = max(32, min(2048, (512 << 20) // max(1, block_bytes)))
+        cap = max(192 << 20, blocks * (block_bytes + PAGE) * 5 // 4 + (1 << 20))
         return {
             **options,
             "path": str(Path(path) / f"envelope-{block_bytes}"),
