@@ -312,3 +312,20 @@ def test_suite_passes_the_reference_backend_and_certifies(tmp_path: Path) -> Non
     md = (tmp_path / "certificate.md").read_text()
     assert cert["verdict"] in md and "| 16 KiB |" in md
     assert render_markdown(cert) == md
+
+
+def test_paired_ratio_compares_each_repetition_with_its_own_raw_run() -> None:
+    from tierkv_conformance._envelope import paired_ratio
+
+    # a medium that drifts between 1 and 3 GB/s, the backend at 0.95x of raw in every pair
+    raw = [1.0, 3.0, 2.6, 1.2, 3.0]
+    backend = [0.95 * r for r in raw]
+    med, lo, hi = paired_ratio(backend, raw)
+    assert med is not None and lo is not None and hi is not None
+    assert abs(med - 0.95) < 1e-9 and abs(lo - 0.95) < 1e-9 and abs(hi - 0.95) < 1e-9
+    # pairs, not medians: medians give 2.0 / 1.0, the pairs 1.0, 2.0, 2.0
+    assert paired_ratio([1.0, 2.0, 4.0], [1.0, 1.0, 2.0]) == (2.0, 1.0, 2.0)
+    assert paired_ratio([3.0, 1.0, 2.0], [3.0, 1.0, 4.0]) == (1.0, 0.5, 1.0)
+    assert paired_ratio([1.0], [0.0]) == (None, None, None)
+    with pytest.raises(ValueError, match="2 backend figures but 1 raw"):
+        paired_ratio([1.0, 1.0], [1.0])

@@ -1,11 +1,18 @@
 """Performance envelope: the backend's throughput next to a raw reference measured in the same run.
 
-Rows are ``{block_bytes, op, gbps, p50_us, p99_us, raw_gbps, ratio, raw_method, count, concurrency}``.
+Rows are ``{block_bytes, op, gbps, p50_us, p99_us, raw_gbps, ratio, ratio_lo, ratio_hi, raw_method,
+count, concurrency}``.
 Throughput is measured through the batch twins (``allocate_many`` +
 ``write_many``, ``read_many`` into caller buffers; batches of up to
 :data:`BATCH_BYTES`), as an engine moves a request's blocks; ``p50_us`` and
-``p99_us`` are single-operation latencies. Throughput is the median over
-repetitions; latencies are pooled over all of them. The raw reference moves
+``p99_us`` are single-operation latencies. Throughput (``gbps``, ``raw_gbps``) is
+the median over repetitions; latencies are pooled over all of them. Each
+repetition measures the backend and its raw reference back to back (which goes
+first alternates), and ``ratio`` is the median over repetitions of the ratio
+within each such pair, ``ratio_lo``/``ratio_hi`` the lowest and highest of them:
+a medium whose speed drifts over seconds (a cloud VM's virtual disk moves by 2x
+within one row) then slows or speeds both sides of a pair alike, where a ratio
+of two medians would compare repetitions taken at different moments. The raw reference moves
 the same number of blocks of the same size:
 
 * memory tiers (dram, cxl, hbm without its own reference): single-stream
@@ -63,6 +70,7 @@ __all__ = [
     "EnvelopeRow",
     "IoMemory",
     "measure_envelope",
+    "paired_ratio",
     "raw_memcpy",
     "raw_odirect",
 ]
@@ -101,6 +109,19 @@ class EnvelopeRow:
     count: int
     concurrency: int
     note: str = ""  # e.g. the backend's own configuration for this block size (envelope_options)
+    ratio_lo: float | None = None  # lowest per-repetition paired ratio
+    ratio_hi: float | None = None  # highest per-repetition paired ratio
+
+
+def paired_ratio(backend: list[float], raw: list[float]) -> tuple[float | None, float | None, float | None]:
+    """(median, lowest, highest) of ``backend[i] / raw[i]`` over the repetitions
+    whose raw figure is positive; all None when there is none. A pure function."""
+    if len(backend) != len(raw):
+        raise ValueError(f"paired_ratio: {len(backend)} backend figures but {len(raw)} raw ones")
+    pairs = [g / r for g, r in zip(backend, raw, strict=True) if r > 0]
+    if not pairs:
+        return None, None, None
+    return statistics.median(pairs), min(pairs), max(pairs)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -510,6 +531,7 @@ async def measure_envelope(
                         method = m.method
                 g_med = statistics.median(gb)
                 raw_med = statistics.median(raw) if raw else None
+                ratio, lo, hi = paired_ratio(gb, raw) if len(raw) == len(gb) else (None, None, None)
                 row = EnvelopeRow(
                     block_bytes=size,
                     op=op,
@@ -517,7 +539,9 @@ async def measure_envelope(
                     p50_us=round(_pct(lat, 0.5) * 1e6, 1),
                     p99_us=round(_pct(lat, 0.99) * 1e6, 1),
                     raw_gbps=round(raw_med, 4) if raw_med is not None else None,
-                    ratio=round(g_med / raw_med, 3) if raw_med else None,
+                    ratio=round(ratio, 3) if ratio is not None else None,
+                    ratio_lo=round(lo, 3) if lo is not None else None,
+                    ratio_hi=round(hi, 3) if hi is not None else None,
                     raw_method=method or "none (network tier without SupportsRawReference)",
                     count=count,
                     concurrency=concurrency,
@@ -527,7 +551,7 @@ async def measure_envelope(
                 if progress:
                     progress(
                         f"envelope {size // 1024:>5} KiB {op:<5} {row.gbps:8.3f} GB/s  raw {row.raw_gbps} GB/s  "
-                        f"ratio {row.ratio}  p50 {row.p50_us} us  p99 {row.p99_us} us"
+                        f"ratio {row.ratio} ({row.ratio_lo}-{row.ratio_hi})  p50 {row.p50_us} us  p99 {row.p99_us} us"
                     )
         finally:
             if caps.tier_kind in _STORAGE:
