@@ -323,8 +323,8 @@ def test_paired_ratio_compares_each_repetition_with_its_own_raw_run() -> None:
     med, lo, hi = paired_ratio(backend, raw)
     assert med is not None and lo is not None and hi is not None
     assert abs(med - 0.95) < 1e-9 and abs(lo - 0.95) < 1e-9 and abs(hi - 0.95) < 1e-9
-    # pairs, not medians: medians give 2.0 / 1.0, the pairs 1.0, 2.0, 2.0
     assert paired_ratio([1.0, 2.0, 4.0], [1.0, 1.0, 2.0]) == (2.0, 1.0, 2.0)
+    # pairs, not medians: the medians would give 2.0 / 3.0, the pairs are 1.0, 1.0 and 0.5
     assert paired_ratio([3.0, 1.0, 2.0], [3.0, 1.0, 4.0]) == (1.0, 0.5, 1.0)
     assert paired_ratio([1.0], [0.0]) == (None, None, None)
     with pytest.raises(ValueError, match="2 backend figures but 1 raw"):

@@ -169,9 +169,10 @@ def render_markdown(cert: Mapping[str, Any]) -> str:
         "|---:|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in cert["envelope"]:
+        spread = f"{r['ratio_lo']}–{r['ratio_hi']}" if r.get("ratio_lo") is not None else "—"
         lines.append(
             f"| {r['block_bytes'] // 1024} KiB | {r['op']} | {r['gbps']} | {r['p50_us']} | {r['p99_us']} | "
-            f"{r['raw_gbps']} | {r['ratio']} | {r.get('ratio_lo')}–{r.get('ratio_hi')} | {r['raw_method']} |"
+            f"{r['raw_gbps']} | {r['ratio']} | {spread} | {r['raw_method']} |"
         )
     lines += ["", "## Hardware", ""]
     cpu, mem, fs = hw["cpu"], hw["memory"], hw["filesystem"]
