@@ -102,7 +102,7 @@ class Layouts:
         except FileExistsError:
             pass
 
-    def _tmpfile(self, i: int, s: bytes, *, symlink: bool, direct: bool) -> None:
+    def tmpfile(self, i: int, s: bytes, *, symlink: bool, direct: bool) -> None:
         h = hashlib.sha256(s).hexdigest()
         obj, key = self.root / "objects" / h, self.root / "keys" / f"k{i}"
         if not symlink:
@@ -156,9 +156,9 @@ def main() -> None:
         "raw1": lay.raw,
         "raw8": lay.raw,
         "rename": lay.rename,
-        "tmpfile": lambda i, s: lay._tmpfile(i, s, symlink=False, direct=False),
-        "tmpfile+symlink": lambda i, s: lay._tmpfile(i, s, symlink=True, direct=False),
-        "tmpfile+O_DIRECT": lambda i, s: lay._tmpfile(i, s, symlink=False, direct=True),
+        "tmpfile": lambda i, s: lay.tmpfile(i, s, symlink=False, direct=False),
+        "tmpfile+symlink": lambda i, s: lay.tmpfile(i, s, symlink=True, direct=False),
+        "tmpfile+O_DIRECT": lambda i, s: lay.tmpfile(i, s, symlink=False, direct=True),
     }
     try:
         for size in (16 * 1024, 256 * 1024, 2 * 1024 * 1024):

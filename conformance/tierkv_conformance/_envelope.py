@@ -201,10 +201,8 @@ def raw_odirect(
         own = [mmap.mmap(-1, block_bytes) for _ in range(concurrency)] if memory is None else []
         for b in own:
             b.write(os.urandom(min(block_bytes, 4096)) * (block_bytes // min(block_bytes, 4096)))
-        if memory is not None and (
-            len(memory.src) != block_bytes or len(memory.rings) < concurrency or not all(memory.rings[:concurrency])
-        ):
-            raise ValueError("raw_odirect: memory does not match block_bytes and concurrency")
+        if memory is not None:
+            memory.check(block_bytes, concurrency, "raw_odirect")
         src: list[Any] = [memory.src] * concurrency if memory is not None else own
         rings: list[list[Any]] = memory.rings[:concurrency] if memory is not None else [[b] for b in own]
         try:
@@ -314,6 +312,11 @@ class IoMemory:
             _page_aligned(block_bytes), [[_page_aligned(block_bytes) for _ in range(per)] for _ in range(concurrency)]
         )
 
+    def check(self, block_bytes: int, concurrency: int, what: str) -> None:
+        """ValueError unless these buffers hold blocks of ``block_bytes`` for ``concurrency`` tasks."""
+        if len(self.src) != block_bytes or len(self.rings) < concurrency or not all(self.rings[:concurrency]):
+            raise ValueError(f"{what}: memory does not match block_bytes and concurrency")
+
 
 @contextlib.contextmanager
 def _no_gc() -> Iterator[None]:
@@ -347,8 +350,7 @@ async def _measure_backend(
     buffers the raw side of the same row uses."""
     data: bytes | memoryview = np.random.default_rng(rep).integers(0, 256, block_bytes, dtype=np.uint8).tobytes()
     if memory is not None:
-        if len(memory.src) != block_bytes or len(memory.rings) < concurrency:
-            raise ValueError("_measure_backend: memory does not match block_bytes and concurrency")
+        memory.check(block_bytes, concurrency, "_measure_backend")
         memory.src[:] = data
         data = memory.src
     elif aligned:
@@ -531,7 +533,7 @@ async def measure_envelope(
                         method = m.method
                 g_med = statistics.median(gb)
                 raw_med = statistics.median(raw) if raw else None
-                ratio, lo, hi = paired_ratio(gb, raw) if len(raw) == len(gb) else (None, None, None)
+                ratio, lo, hi = paired_ratio(gb, raw) if raw else (None, None, None)
                 row = EnvelopeRow(
                     block_bytes=size,
                     op=op,
