@@ -388,7 +388,9 @@ def main(argv: list[str] | None = None) -> int:
         steady_res = anyio.run(steady, work / "steady", args.clients, args.ops)
         print_table(f"steady load, {args.clients} clients", steady_res)
         anyio.run(populate, work / "template")
-        shutil.copytree(work / "template", work / "calibrate", symlinks=True)  # pfs records are links
+        shutil.copytree(
+            work / "template", work / "calibrate", symlinks=True
+        )  # pfs hard-link records become plain copies: each still a whole content file
         cold_get_s = anyio.run(calibrate, work / "calibrate")
         wait_s = args.fetch_wait if args.fetch_wait is not None else 2 * cold_get_s
         print(

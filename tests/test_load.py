@@ -92,7 +92,9 @@ async def test_full_10k_ops_and_miss_storm_with_admission_control(tmp_path: Path
     await populate(tmp_path / "template")
     storms = []
     for i, wait in enumerate((None, 0.005)):
-        shutil.copytree(tmp_path / "template", tmp_path / f"storm{i}", symlinks=True)  # pfs records are links
+        shutil.copytree(
+            tmp_path / "template", tmp_path / f"storm{i}", symlinks=True
+        )  # pfs hard-link records become plain copies: each still a whole content file
         async with await TierKV.open(load_config(tmp_path / f"storm{i}", max_fetches=4, fetch_wait_s=wait)) as kv:
             assert kv.stats()["dram"].blocks == 0  # the restart left the fast tier empty
             storms.append(await run_load(kv, clients=64, ops=10_000, seed=1, deadline_s=240, durable0=True))

@@ -188,7 +188,10 @@ async def test_corrupted_pfs_block_is_never_served(tmp_path: Path) -> None:
         toks = list(range(48))
         data = kv_for(48)
         await kv.put(toks, data)
-        files = sorted(p for p in (tmp_path / "pfs").rglob("*") if p.is_file() and p.stat().st_size > 100_000)
+        # content files only (records are hard links to them: flipping both would cancel out)
+        files = sorted(
+            p for p in (tmp_path / "pfs" / "objects").rglob("*") if p.is_file() and p.stat().st_size > 100_000
+        )
         assert files
         victim = files[0]
         raw = bytearray(victim.read_bytes())
@@ -212,7 +215,10 @@ async def test_every_corrupt_block_of_a_read_leaves_the_index(tmp_path: Path) ->
         toks = list(range(48))
         data = kv_for(48)
         await kv.put(toks, data)
-        files = sorted(p for p in (tmp_path / "pfs").rglob("*") if p.is_file() and p.stat().st_size > 100_000)
+        # content files only (records are hard links to them: flipping both would cancel out)
+        files = sorted(
+            p for p in (tmp_path / "pfs" / "objects").rglob("*") if p.is_file() and p.stat().st_size > 100_000
+        )
         assert len(files) >= 2
         for victim in files:
             raw = bytearray(victim.read_bytes())

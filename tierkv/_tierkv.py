@@ -304,6 +304,14 @@ def unpack_tag(tag: bytes) -> tuple[bytes, bytes, bytes, int, int, int, bytes] |
     return ms, tenant, parent, pos, crc, nbytes, root
 
 
+def tag_tenant(tag: bytes) -> bytes | None:
+    """The tenant field of a block tag written by :class:`TierKV`, or None when ``tag`` is not
+    one of ours. Backends that share content between blocks (the ``pfs`` tier's dedup) use it
+    to keep each tenant's content apart without parsing the rest of the tag."""
+    parsed = unpack_tag(tag)
+    return None if parsed is None else parsed[1]
+
+
 def _pbin(p: float) -> str:
     """Calibration bin of a predicted probability: "0.0" .. "0.9" (tenths)."""
     return f"{min(int(p * 10), 9) / 10:.1f}"
