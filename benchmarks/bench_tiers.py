@@ -4,8 +4,10 @@
 
 DRAM: batched ``allocate_many + write_many`` (put) and ``read_many(into=...)``
 (get) against ``np.copyto`` of the same blocks into a preallocated destination.
-PFS: batched put (segments + record links, fsync) against ``os.pwrite`` + ``fsync``
-of one new file per block, and batched get (read + xxh3 check) against
+PFS: batched put (sha256 content address, a content file per block published with
+``O_TMPFILE`` + ``linkat``, a hard-link record, fsync) against ``os.pwrite`` + ``fsync``
+of one new file per block; a third put side, the floor, does the raw put with a
+sha256 of each block first (what any sha256-addressed store must add); and batched get (read + xxh3 check) against
 ``os.preadv`` of the same files, both into preallocated caller buffers, hot (page cache) and cold (pages dropped with
 ``posix_fadvise(DONTNEED)`` before each repetition, for both sides). The raw
 side is the faster of one thread and the tier's concurrency (8 threads). The PFS
@@ -17,6 +19,7 @@ Every figure is the median of at least 5 repetitions; ratio = raw time / tier ti
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -166,6 +169,13 @@ async def bench_pfs(root: Path, total: int, reps: int) -> list[dict[str, Any]]:
         def raw_put_par(rawpaths: list[Path] = rawpaths, srcs: list[Any] = srcs) -> None:
             list(pool.map(put_one, rawpaths, srcs))
 
+        def put_one_sha(p: Path, s: Any) -> None:
+            hashlib.sha256(s).digest()
+            put_one(p, s)
+
+        def floor_put(rawpaths: list[Path] = rawpaths, srcs: list[Any] = srcs) -> None:
+            list(pool.map(put_one_sha, rawpaths, srcs))
+
         def raw_get_par(rawpaths: list[Path] = rawpaths) -> None:
             list(pool.map(get_one, rawpaths))
 
@@ -187,7 +197,7 @@ async def bench_pfs(root: Path, total: int, reps: int) -> list[dict[str, Any]]:
                 p.unlink(missing_ok=True)
 
         async def drop_tier() -> None:
-            _drop_cache([p for d in ("segments", "objects") for p in (root / "store" / d).rglob("*") if p.is_file()])
+            _drop_cache([p for p in (root / "store" / "objects").rglob("*") if p.is_file()])
 
         # The three sides of each figure (raw on 1 thread, raw on the tier's concurrency,
         # the tier) are interleaved repetition by repetition, in an order that rotates, so
@@ -213,6 +223,7 @@ async def bench_pfs(root: Path, total: int, reps: int) -> list[dict[str, Any]]:
                 fn = {
                     ("put", "1"): raw_put,
                     ("put", "8"): raw_put_par,
+                    ("put", "sha"): floor_put,
                     ("hot", "1"): raw_get,
                     ("hot", "8"): raw_get_par,
                     ("cold", "1"): raw_get,
@@ -230,9 +241,9 @@ async def bench_pfs(root: Path, total: int, reps: int) -> list[dict[str, Any]]:
                 if not rawpaths[0].exists():
                     raw_put()  # the raw files for the reads
             os.sync()  # start each figure with nothing left to write back (both sides alike)
-            names = [f"{op}:1", f"{op}:8", f"{op}:tier"]
+            names = [f"{op}:1", f"{op}:8", f"{op}:tier"] + (["put:sha"] if op == "put" else [])
             for rep in range(reps):
-                k = rep % 3
+                k = rep % len(names)
                 for name in (names[k:] + names[:k])[:: -1 if rep % 2 else 1]:
                     await side(name)
             if op != "put":
@@ -254,7 +265,9 @@ async def bench_pfs(root: Path, total: int, reps: int) -> list[dict[str, Any]]:
                 "get_hot_MBps": n * size / t_get / 1e6,
                 "raw_get_cold_MBps": n * size / t_raw_cold / 1e6,
                 "get_cold_MBps": n * size / t_cold / 1e6,
+                "floor_put_MBps": n * size / med["put:sha"] / 1e6,
                 "put_ratio": t_raw_put / t_put,
+                "floor_put_ratio": t_raw_put / med["put:sha"],
                 "get_hot_ratio": t_raw_get / t_get,
                 "get_cold_ratio": t_raw_cold / t_cold,
             }
@@ -289,16 +302,17 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
         prow = await bench_pfs(Path(d), (8 if args.quick else 256) * MiB, reps)
     where = args.pfs_dir or tempfile.gettempdir()
     print(
-        f"\nPFS tier vs os.pwrite+fsync / os.pread on {where} (median of {reps}; get = read + xxh3 verify; raw = best of 1 and 8 threads)"
+        f"\nPFS tier vs os.pwrite+fsync / os.pread on {where} (median of {reps}; get = read + xxh3 verify;"
+        " raw = best of 1 and 8 threads; floor = raw put on 8 threads + sha256 of each block)"
     )
     print(
-        f"{'block':>8} {'blocks':>6} {'rawput MB/s':>11} {'put MB/s':>9} {'put x':>6} {'rawget hot':>10}"
+        f"{'block':>8} {'blocks':>6} {'rawput MB/s':>11} {'put MB/s':>9} {'put x':>6} {'floor x':>7} {'rawget hot':>10}"
         f" {'get hot':>8} {'hot x':>6} {'rawget cold':>11} {'get cold':>8} {'cold x':>6}"
     )
     for r in prow:
         print(
             f"{_fmt(r['block_bytes']):>8} {r['blocks_per_call']:>6} {r['raw_put_MBps']:>11.0f} {r['put_MBps']:>9.0f}"
-            f" {r['put_ratio']:>6.2f} {r['raw_get_hot_MBps']:>10.0f} {r['get_hot_MBps']:>8.0f}"
+            f" {r['put_ratio']:>6.2f} {r['floor_put_ratio']:>7.2f} {r['raw_get_hot_MBps']:>10.0f} {r['get_hot_MBps']:>8.0f}"
             f" {r['get_hot_ratio']:>6.2f} {r['raw_get_cold_MBps']:>11.0f} {r['get_cold_MBps']:>8.0f}"
             f" {r['get_cold_ratio']:>6.2f}"
         )
