@@ -12,7 +12,9 @@ first alternates), and ``ratio`` is the median over repetitions of the ratio
 within each such pair, ``ratio_lo``/``ratio_hi`` the lowest and highest of them:
 a medium whose speed drifts over seconds (a cloud VM's virtual disk moves by 2x
 within one row) then slows or speeds both sides of a pair alike, where a ratio
-of two medians would compare repetitions taken at different moments. The raw reference moves
+of two medians would compare repetitions taken at different moments. Every block written
+has bytes of its own (random, stamped per write with a counter), so that a deduplicating
+backend is measured storing new content, not linking equal content. The raw reference moves
 the same number of blocks of the same size:
 
 * memory tiers (dram, cxl, hbm without its own reference): single-stream
@@ -27,9 +29,9 @@ the same number of blocks of the same size:
   a persistent backend the writes are made durable too (``fdatasync`` once per
   batch of the same size), since its ``write`` returns only once durable; both
   sides move the same page-aligned buffers (:class:`IoMemory`, allocated once per
-  row: one source block, one ring of a batch's worth of destination buffers per
-  task or thread), since on a virtual disk the speed of O_DIRECT depends on where
-  the guest placed a buffer's pages; and a backend may give its own
+  row: one source block, one ring of a batch's worth of buffers per task or thread,
+  the sources of writes and destinations of reads), since on a virtual disk the speed
+  of O_DIRECT depends on where the guest placed a buffer's pages; and a backend may give its own
   configuration per block size (``envelope_options(options, block_bytes)``,
   e.g. slots of that size; the row's ``note`` says so);
 * anything else: the backend's own :class:`SupportsRawReference`, else none
@@ -42,6 +44,7 @@ import contextlib
 import errno
 import functools
 import gc
+import itertools
 import mmap
 import os
 import shutil
@@ -180,7 +183,7 @@ def raw_odirect(
     place for the next repetition (the caller removes it): deleting and re-creating
     it between repetitions would load the filesystem while the backend's side runs.
     With ``memory`` the I/O goes from and into those buffers (the ones the backend side
-    of the same row uses: writes from ``memory.src``, thread ``w`` reads into the ring
+    of the same row uses: thread ``w`` writes from and reads into the ring
     ``memory.rings[w]`` in turn); else from and into one fresh buffer per thread."""
     directory.mkdir(parents=True, exist_ok=True)
     path = keep or directory / f".tierkv-raw-{os.getpid()}-{threading.get_ident()}"
@@ -239,7 +242,10 @@ def raw_odirect(
                         return
                     try:
                         off = (i % slots) * block_bytes
-                        if op == "write":
+                        if op == "write" and memory is not None:
+                            os.pwritev(fd, [ring[c % len(ring)]], off)  # the backend side's sources
+                            c += 1
+                        elif op == "write":
                             os.pwritev(fd, [out], off)
                         else:
                             os.preadv(fd, [ring[c % len(ring)]], off)
@@ -376,9 +382,15 @@ async def _measure_backend(
             for _ in range(concurrency)
         ]
     )
-    for pool in pools:
-        for buf in pool:
-            buf[::4096] = b"\x01" * len(buf[::4096])
+    for w, pool in enumerate(pools):
+        for j, buf in enumerate(pool):
+            if op == "write":
+                # every written block gets bytes of its own (a random pool, stamped per write
+                # below), so that a deduplicating backend is measured storing, not linking
+                buf[:] = np.random.default_rng([rep, w, j]).integers(0, 256, block_bytes, dtype=np.uint8).data
+            else:
+                buf[::4096] = b"\x01" * len(buf[::4096])
+    stamp = itertools.count()
 
     async def worker(w: int) -> None:
         # index, do not pop: a popped pool would be unmapped when its worker ends, while
@@ -386,8 +398,11 @@ async def _measure_backend(
         intos = pools[w]
         for part in batches:
             if op == "write":
+                srcs = intos[: len(part)]
+                for buf in srcs:
+                    buf[:8] = next(stamp).to_bytes(8, "little")
                 allocs = await b.allocate_many([(k, block_bytes, b"") for k in part])
-                await b.write_many(allocs, [data] * len(part))
+                await b.write_many(allocs, srcs)
             else:
                 await b.read_many(part, into=intos[: len(part)])
 
