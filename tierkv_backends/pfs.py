@@ -22,9 +22,10 @@ Layout (format 4; all under ``path``)::
                                xxh3-128 and the sha256 of the content) then the content;
                                named by the sha256 of the content, written once, never
                                modified
-    keys/<key>~<tag>           one record per key: a hard link to its content file;
-                               <tag> is the block's tag in unpadded base64url
-    keys/<key>~~<digest>       the same for a tag too long for a file name; the tag is in
+    keys/<key>~<pfx>~<tag>     one record per key: a hard link to its content file; <pfx>
+                               is the first 32 hex digits of the content's sha256, <tag>
+                               the block's tag in unpadded base64url
+    keys/<key>~<pfx>~~<digest> the same for a tag too long for a file name; the tag is in
                                tags/<digest> (the first 40 hex digits of its sha256)
     tmp/<host>.<pid>.<uuid>.tmp    temp files (named publish, record replacement)
     quarantine/<sha256>.<ns>   content that failed verification, kept for inspection
@@ -56,12 +57,14 @@ either nothing, an unnamed inode the filesystem frees, a content file without a
 record (removed by a later scan once ten minutes old), or a stray temp file; never a
 record whose bytes are not durable.
 
-Verification: every read checks the header (magic and size) and the xxh3-128 of the
-bytes it read against the header (tens of GB/s; the sha256 of the address is checked
-when a write deduplicates). A mismatch raises :class:`~tierkv.IntegrityError`; the
-content file is linked into ``quarantine/`` and every record of it this process knows,
-and its ``objects/`` name, are unlinked, so it is never served again (other processes'
-reads of it fail verification in turn). A missing record reads as
+Verification: every read checks the header (magic and size), the xxh3-128 of the bytes
+it read against the header (tens of GB/s; the full bytes are compared when a write
+deduplicates), and the header's sha256 against the prefix in the record's name. Bad
+content raises :class:`~tierkv.IntegrityError`; the content file is linked into
+``quarantine/`` and every record of it this process knows, and its ``objects/`` name,
+are unlinked, so it is never served again (other processes' reads of it fail
+verification in turn). A record linked to another block's sound content file also
+raises IntegrityError; only that record is removed. A missing record reads as
 :class:`~tierkv.BlockNotFoundError`. With ``read(into=...)`` the caller's buffer
 receives the bytes before they are verified; on an error its content is undefined.
 
@@ -78,13 +81,16 @@ record links once they are ten minutes old, and, when a crash left two records o
 key (a key rewritten with another tag), all but one. Several processes may open the
 same directory: files are immutable once published and records are replaced
 atomically, so a reader sees a whole block or a miss. Keys added by another process
-become visible after ``scan()``; one evicted by another process reads as
-:class:`~tierkv.BlockNotFoundError`. A directory written by an earlier development
+become visible after ``scan()``; one evicted by another process (or rewritten with
+other bytes: its record's name changes) reads as :class:`~tierkv.BlockNotFoundError`
+until then. Within a process, a write of a key whose eviction is still unlinking its
+record waits for it (the unlink must not take the new record of the same name). A directory written by an earlier development
 format (``segments/``, symbolic-link records) is refused with
 :class:`~tierkv.ConfigError`.
 
 Reads: what the page cache holds is read first with ``RWF_NOWAIT`` in few worker-thread
-hops (at most one per CPU: a hop costs more than a cached small block), ranges found
+hops (one for blocks averaging up to :data:`_SMALL_BLOCK_BYTES`, else at most one per
+CPU: a hop costs more than a cached small block), ranges found
 not cached get ``POSIX_FADV_WILLNEED``, and the rest is spread over ``max_concurrency``
 threads so that several reads are in flight on the medium. Blocks over
 :data:`_PIECE_BYTES` are hashed piece by piece while each piece is in the CPU cache.
