@@ -653,9 +653,7 @@ class PfsBackend(Backend):
                 self._tmpfile = False  # not supported here: the named protocol from now on
             else:
                 try:
-                    _pwritev_all(fd, [memoryview(head), src], 0)
-                    if self._fsync:
-                        os.fsync(fd)
+                    self._write_content(fd, head, src)
                     try:
                         self._link_fd(fd, obj)
                     except FileExistsError:
@@ -670,9 +668,7 @@ class PfsBackend(Backend):
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
-                _pwritev_all(fd, [memoryview(head), src], 0)
-                if self._fsync:
-                    os.fsync(fd)
+                self._write_content(fd, head, src)
                 ino = int(os.fstat(fd).st_ino)
                 self._link_record(fd, name)
             finally:
@@ -687,6 +683,12 @@ class PfsBackend(Backend):
         finally:
             self._inflight_tmp.discard(tname)
         return _Put(name, ino, sha, True)
+
+    def _write_content(self, fd: int, head: bytes, src: memoryview) -> None:
+        """Header and bytes of a new content file, then its fsync (with ``fsync``)."""
+        _pwritev_all(fd, [memoryview(head), src], 0)
+        if self._fsync:
+            os.fsync(fd)
 
     def _read_header_sha(self, path: Path) -> tuple[str, int]:
         """(sha256 hex from the header or "", inode) of a content file; ("", -1) if missing."""
@@ -805,18 +807,7 @@ class PfsBackend(Backend):
                 chk = h.digest()
             else:
                 total = _HDR.size + n
-                if nowait and self._nowait:
-                    try:
-                        got = os.preadv(fd, [head, dst], 0, _RWF_NOWAIT)
-                    except BlockingIOError:
-                        got = -1
-                    except OSError as exc:
-                        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                            raise
-                        self._nowait = False
-                        got = self._preadv(fd, [memoryview(head), dst], 0, total, False)
-                else:
-                    got = self._preadv(fd, [memoryview(head), dst], 0, total, False)
+                got = self._preadv(fd, [memoryview(head), dst], 0, total, nowait)
                 if got < total:
                     return self._cold_or_bad(fd, got, 0, total, nowait)
                 chk = xxhash.xxh3_128_digest(dst)
