@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import pytest
 from hypothesis import given
@@ -604,3 +605,158 @@ async def test_put_during_evict_of_the_same_key_survives(tmp_path: Path, monkeyp
         assert b.stats().used_bytes == 30_000
     async with await _open(tmp_path) as b2:
         assert [i.key for i in await b2.scan()] == ["k"] and bytes(await b2.read("k")) == data
+
+
+# ------------------------------------------------------------- open descriptors (open_files)
+def _fds(root: Path) -> int:
+    """This process's open descriptors of files (not directories) under ``root``."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(root)) and os.path.isfile(target.removesuffix(" (deleted)")):
+            n += 1
+    return n
+
+
+async def test_read_again_uses_the_open_descriptor_and_evict_closes_it(tmp_path: Path) -> None:
+    async with await _open(tmp_path) as b:
+        datas = {f"d{i}": _rand(9000 + i, i) for i in range(5)}
+        for k, v in datas.items():
+            await _put(b, k, v)
+        assert b.stats().details["open_files"] == 0  # writes do not open descriptors
+        for _ in range(3):
+            got = await b.read_many(list(datas))
+            assert [bytes(g) for g in got] == list(datas.values())
+        assert b.stats().details["open_files"] == 5
+        assert _fds(tmp_path) == 5
+        await b.evict_many(["d0", "d1"])
+        assert b.stats().details["open_files"] == 3
+        with pytest.raises(E.BlockNotFoundError):
+            await b.read("d0")
+        await _put(b, "d0", b"other bytes")  # same key, new content: its own record and descriptor
+        assert bytes(await b.read("d0")) == b"other bytes"
+    assert _fds(tmp_path) == 0  # aclose closed them
+
+
+async def test_open_files_is_a_bounded_lru(tmp_path: Path) -> None:
+    async with await _open(tmp_path, open_files=2) as b:
+        datas = {f"l{i}": _rand(5000, 40 + i) for i in range(6)}
+        for k, v in datas.items():
+            await _put(b, k, v)
+        for _ in range(2):
+            for k, v in datas.items():
+                assert bytes(await b.read(k)) == v
+                assert b.stats().details["open_files"] <= 2
+        got = await b.read_many(list(datas))
+        assert [bytes(g) for g in got] == list(datas.values())
+        assert b.stats().details["open_files"] == 2
+
+
+async def test_open_files_zero_disables_the_cache(tmp_path: Path) -> None:
+    async with await _open(tmp_path, open_files=0) as b:
+        await _put(b, "z", _rand(4000, 5))
+        for _ in range(3):
+            assert bytes(await b.read("z")) == _rand(4000, 5)
+        assert b.stats().details["open_files"] == 0
+        assert _fds(tmp_path) == 0
+
+
+async def test_open_files_option_is_checked(tmp_path: Path) -> None:
+    with pytest.raises(E.ConfigError, match="open_files"):
+        await _open(tmp_path, open_files=-1)
+
+
+async def test_cached_descriptor_sees_corruption_in_place(tmp_path: Path) -> None:
+    async with await _open(tmp_path) as b:
+        await _put(b, "c", _rand(30_000, 6))
+        assert bytes(await b.read("c")) == _rand(30_000, 6)
+        assert b.stats().details["open_files"] == 1
+        _flip(tmp_path, "c", 100)  # the same inode the descriptor reads
+        with pytest.raises(E.IntegrityError):
+            await b.read("c")
+        assert not await b.contains("c") and b.stats().details["open_files"] == 0
+        assert len(os.listdir(tmp_path / "quarantine")) == 1
+
+
+async def test_cached_descriptor_does_not_hide_another_process_eviction(tmp_path: Path) -> None:
+    async with await _open(tmp_path) as b1, await _open(tmp_path, revalidate_s=0) as b2:
+        for i in range(3):
+            await _put(b1, f"e{i}", _rand(20_000, 60 + i))
+        await b2.scan()
+        for i in range(3):
+            assert bytes(await b2.read(f"e{i}")) == _rand(20_000, 60 + i)  # b2 holds them open now
+        assert b2.stats().details["open_files"] == 3
+        await anyio.sleep(0.05)  # past the change-time granularity of b2's opens
+        assert await b1.evict("e0")  # unique content: record and content file unlinked
+        with pytest.raises(E.BlockNotFoundError):
+            await b2.read("e0")
+        # shared content: b1 adds a second key of e1's bytes, then evicts e1; e1's record is gone
+        await _put(b1, "e1-copy", _rand(20_000, 61))
+        assert await b1.evict("e1")
+        with pytest.raises(E.BlockNotFoundError):
+            await b2.read("e1")
+        assert bytes(await b2.read("e2")) == _rand(20_000, 62)
+        assert b2.stats().details["integrity_failures"] == 0
+
+
+async def test_evicts_racing_reads_never_serve_wrong_bytes(tmp_path: Path) -> None:
+    """Descriptors dropped while worker threads read through them are closed by their last
+    reader: no read fails with EBADF or returns another block's bytes."""
+    async with await _open(tmp_path, open_files=8, max_concurrency=4) as b:
+        datas = {f"r{i}": _rand(6000, 80 + i) for i in range(24)}
+        for k, v in datas.items():
+            await _put(b, k, v)
+        keys = list(datas)
+        served = 0
+
+        async def reader(seed: int) -> None:
+            nonlocal served
+            rng = np.random.default_rng(seed)
+            for _ in range(60):
+                pick = [keys[j] for j in rng.choice(len(keys), 5, replace=False)]
+                try:
+                    got = await b.read_many(pick)
+                except E.BlockNotFoundError:
+                    continue
+                for k, g in zip(pick, got, strict=True):
+                    assert bytes(g) == datas[k]
+                served += 1
+
+        async def churner() -> None:
+            rng = np.random.default_rng(1)
+            for _ in range(60):
+                k = keys[int(rng.integers(len(keys)))]
+                if await b.evict(k):
+                    await _put(b, k, datas[k])
+                await anyio.lowlevel.checkpoint()
+
+        async with anyio.create_task_group() as tg:
+            for s in range(3):
+                tg.start_soon(reader, s)
+            tg.start_soon(churner)
+        assert served > 0 and b.stats().details["integrity_failures"] == 0
+        assert _fds(tmp_path) <= 8
+    assert _fds(tmp_path) == 0
+
+
+async def test_cached_descriptor_is_rechecked_after_revalidate_s(tmp_path: Path) -> None:
+    async with await _open(tmp_path) as b1, await _open(tmp_path, revalidate_s=1.0) as b2:
+        await _put(b1, "v", _rand(10_000, 7))
+        await b2.scan()
+        assert bytes(await b2.read("v")) == _rand(10_000, 7)
+        assert await b1.evict("v")
+        # within revalidate_s the open descriptor still serves the (verified) bytes...
+        assert bytes(await b2.read("v")) == _rand(10_000, 7)
+        await anyio.sleep(1.1)
+        # ...after it, the descriptor is checked, found changed, and the record's absence seen
+        with pytest.raises(E.BlockNotFoundError):
+            await b2.read("v")
+        assert b2.stats().details["open_files"] == 0
+
+
+async def test_revalidate_s_option_is_checked(tmp_path: Path) -> None:
+    with pytest.raises(E.ConfigError, match="revalidate_s"):
+        await _open(tmp_path, revalidate_s=-1)

@@ -15,6 +15,13 @@ Options:
 ``max_block_bytes`` (size, default ``1GiB``)
 ``dedup`` (``"tenant"`` or ``"global"``, default ``"tenant"``)
     The scope within which identical content is stored once (see Content addressing).
+``open_files`` (int, default a quarter of the soft ``RLIMIT_NOFILE``, at most 4096)
+    Read-only descriptors of recently read records kept open (an LRU), so that reading a
+    block again is one ``preadv`` instead of ``open`` + ``preadv`` + ``close`` (on Lustre
+    or GPFS an ``open`` is a metadata-server round trip); 0 disables. See Reads.
+``revalidate_s`` (float, default 1.0)
+    How old a cached descriptor's last check may be before a read checks it again (one
+    ``fstat``), like an NFS client's attribute cache; 0 checks on every read. See Reads.
 
 Layout (format 4; all under ``path``)::
 
@@ -83,12 +90,20 @@ same directory: files are immutable once published and records are replaced
 atomically, so a reader sees a whole block or a miss. Keys added by another process
 become visible after ``scan()``; one evicted by another process (or rewritten with
 other bytes: its record's name changes) reads as :class:`~tierkv.BlockNotFoundError`
-until then. Within a process, a write of a key whose eviction is still unlinking its
+until then (once this process's cached descriptor of it is rechecked: see Reads). Within a process, a write of a key whose eviction is still unlinking its
 record waits for it (the unlink must not take the new record of the same name). A directory written by an earlier development
 format (``segments/``, symbolic-link records) is refused with
 :class:`~tierkv.ConfigError`.
 
-Reads: what the page cache holds is read first with ``RWF_NOWAIT`` in few worker-thread
+Reads: a record read before is read through its cached descriptor (``open_files``)
+while the inode's change time is the one it had when the descriptor was opened (one
+``fstat``, at most once per ``revalidate_s`` per descriptor); a link or unlink of any
+record of that content changes it, and the record is then opened again by name, so a
+block evicted by another process reads as a miss here at most ``revalidate_s`` later
+(until then, and for changes within the filesystem's timestamp granularity of that
+``open``, a few milliseconds on Linux, the bytes served are the key's verified content
+all the same). An evicted key's descriptor is closed here at once; one pushed out of
+the LRU when its last reader is done. What the page cache holds is read first with ``RWF_NOWAIT`` in few worker-thread
 hops (one for blocks averaging up to :data:`_SMALL_BLOCK_BYTES`, else at most one per
 CPU: a hop costs more than a cached small block), ranges found
 not cached get ``POSIX_FADV_WILLNEED``, and the rest is spread over ``max_concurrency``
@@ -108,13 +123,15 @@ import base64
 import errno
 import hashlib
 import os
+import resource
 import socket
 import struct
 import threading
 import time
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,12 +168,14 @@ from tierkv._errors import (
     IntegrityError,
     TierKVError,
 )
-from tierkv._options import opt_bool, opt_choice, opt_int, opt_size, opt_str, reject_unknown
+from tierkv._options import opt_bool, opt_choice, opt_float, opt_int, opt_size, opt_str, reject_unknown
 from tierkv._tierkv import tag_tenant
 
 __all__ = ["PfsBackend"]
 
-_KNOWN = frozenset({"path", "capacity", "fsync", "max_concurrency", "max_block_bytes", "dedup"})
+_KNOWN = frozenset(
+    {"path", "capacity", "fsync", "max_concurrency", "max_block_bytes", "dedup", "open_files", "revalidate_s"}
+)
 _TMP_MAX_AGE_S = 3600.0
 _ORPHAN_MAX_AGE_S = 600.0
 _HOST = socket.gethostname().replace(".", "_").replace("/", "_") or "host"
@@ -293,6 +312,107 @@ class _Undo:
         return bool(self.records or self.quarantine or self.stray)
 
 
+class _Handle:
+    """A read-only descriptor of a record (so of its content inode), shared by readers."""
+
+    __slots__ = ("checked", "ctime", "dead", "fd", "users")
+
+    def __init__(self, fd: int, ctime: int, dead: bool, checked: float) -> None:
+        self.fd = fd
+        self.ctime = ctime  # the inode's st_ctime_ns when opened (a link or unlink changes it)
+        self.checked = checked  # time.monotonic() when ctime was last found unchanged
+        self.users = 1
+        self.dead = dead  # out of the cache: closed by its last user
+
+
+class _OpenFiles:
+    """A bounded LRU of read-only descriptors of records, by record name, shared by the
+    worker threads: a cached block is read with one ``preadv`` instead of ``open`` +
+    ``preadv`` + ``close`` (on Lustre or GPFS an ``open`` is a metadata-server round trip).
+
+    A descriptor in use is never closed under its user: :meth:`take` and :meth:`adopt` count
+    a user, :meth:`give` uncounts, and a handle dropped (its key evicted or found corrupt,
+    pushed out of the LRU, the backend closed) while in use is closed by its last user, so a
+    descriptor number is never reused while a reader holds it. Thread-safe; every method
+    takes one lock once per call (the batch methods once per batch)."""
+
+    __slots__ = ("_d", "_limit", "_lock")
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._d: OrderedDict[str, _Handle] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def take(self, names: Sequence[str]) -> list[_Handle | None]:
+        """The cached handle of each record name (a user counted), or None."""
+        out: list[_Handle | None] = []
+        if not self._d:
+            return [None] * len(names)
+        d = self._d
+        with self._lock:
+            for name in names:
+                h = d.get(name)
+                if h is not None:
+                    h.users += 1
+                    d.move_to_end(name)
+                out.append(h)
+        return out
+
+    def adopt(self, name: str, fd: int, ctime: int, now: float) -> _Handle:
+        """Cache a descriptor just opened for ``name`` (a user counted). When the cache is
+        disabled or another thread cached ``name`` meanwhile, the handle is not cached and
+        its descriptor is closed by :meth:`give`."""
+        if self._limit <= 0:
+            return _Handle(fd, ctime, True, now)
+        with self._lock:
+            if name in self._d:
+                return _Handle(fd, ctime, True, now)
+            h = self._d[name] = _Handle(fd, ctime, False, now)
+            while len(self._d) > self._limit:
+                self._retire(self._d.popitem(last=False)[1])
+            return h
+
+    def give(self, handles: Iterable[_Handle]) -> None:
+        """Uncount a user of each handle; close dropped handles nobody uses any more."""
+        with self._lock:
+            for h in handles:
+                h.users -= 1
+                if h.dead and h.users == 0:
+                    os.close(h.fd)
+
+    def drop(self, name: str) -> None:
+        """Forget the handle of ``name`` (closed now, or by its last user)."""
+        with self._lock:
+            h = self._d.pop(name, None)
+            if h is not None:
+                self._retire(h)
+
+    def clear(self) -> None:
+        with self._lock:
+            while self._d:
+                self._retire(self._d.popitem()[1])
+
+    @staticmethod
+    def _retire(h: _Handle) -> None:
+        h.dead = True
+        if h.users == 0:
+            os.close(h.fd)
+
+
+def _default_open_files() -> int:
+    """``open_files`` by default: a quarter of the soft descriptor limit, at most 4096."""
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (OSError, ValueError):  # pragma: no cover - no such limit here
+        return 256
+    if soft == resource.RLIM_INFINITY:
+        return 4096
+    return max(0, min(4096, soft // 4))
+
+
 def _close_fds(*fds: int) -> None:
     for fd in fds:
         try:
@@ -383,6 +503,8 @@ class PfsBackend(Backend):
         self._max_conc = opt_int(o, "max_concurrency", 8, minimum=1, maximum=1024)
         self._max_block = opt_size(o, "max_block_bytes", 1 << 30, minimum=1)
         self._dedup = opt_choice(o, "dedup", ("tenant", "global"), "tenant")
+        self._files = _OpenFiles(opt_int(o, "open_files", _default_open_files(), minimum=0, maximum=1 << 20))
+        self._revalidate_s = opt_float(o, "revalidate_s", 1.0, minimum=0.0, maximum=3600.0)
         self._caps = Capabilities(
             tier_kind=TierKind.PFS,
             persistent=True,
@@ -438,6 +560,7 @@ class PfsBackend(Backend):
     async def _close(self) -> None:
         self._reserved.clear()
         self._reserved_bytes = 0
+        self._files.clear()
 
     def _make_dirs(self) -> None:
         keys = self._root / "keys"
@@ -778,49 +901,41 @@ class PfsBackend(Backend):
             except FileNotFoundError:
                 pass
 
-    def _read_one(self, rec: _Rec, dst: memoryview, nowait: bool, pieces: bool, head: bytearray | None = None) -> str:
-        """Read and verify one block into ``dst``: "ok" (then ``rec.sha`` is set from the
-        header), "missing", "bad" (the content file fails verification), "wrong" (a sound
-        content file, but not the one the record names) or, only with ``nowait``, "cold"
-        (not all cached, nothing verified). ``head``: a scratch buffer of the header's size."""
-        try:
-            fd = os.open(rec.name, os.O_RDONLY, dir_fd=self._keys_fd)
-        except FileNotFoundError:
-            return "missing"
-        try:
-            if head is None:
-                head = bytearray(_HDR.size)
-            n = rec.nbytes
-            if pieces and n > _PIECE_BYTES:
-                got = self._preadv(fd, [memoryview(head)], 0, _HDR.size, nowait)
-                if got < _HDR.size:
-                    return self._cold_or_bad(fd, got, 0, _HDR.size + n, nowait)
-                h = xxhash.xxh3_128()
-                pos = 0
-                while pos < n:
-                    piece = dst[pos : min(n, pos + _PIECE_BYTES)]
-                    g = self._preadv(fd, [piece], _HDR.size + pos, piece.nbytes, nowait)
-                    if g < piece.nbytes:
-                        return self._cold_or_bad(fd, g, _HDR.size + pos, n - pos, nowait)
-                    h.update(piece)
-                    pos += g
-                chk = h.digest()
-            else:
-                total = _HDR.size + n
-                got = self._preadv(fd, [memoryview(head), dst], 0, total, nowait)
-                if got < total:
-                    return self._cold_or_bad(fd, got, 0, total, nowait)
-                chk = xxhash.xxh3_128_digest(dst)
-            magic, nb, hchk, sha = _HDR.unpack(head)
-            if magic == _MAGIC and nb == n and hchk == chk:
-                if sha[:_PFX] != rec.pfx:
-                    return "wrong"
-                if not rec.sha:
-                    rec.sha = sha.hex()
-                return "ok"
-            return "bad"
-        finally:
-            os.close(fd)
+    def _read_one(self, rec: _Rec, dst: memoryview, nowait: bool, pieces: bool, head: bytearray, fd: int) -> str:
+        """Read and verify one block from ``fd`` (its record, open) into ``dst``: "ok" (then
+        ``rec.sha`` is set from the header), "bad" (the content file fails verification),
+        "wrong" (a sound content file, but not the one the record names) or, only with
+        ``nowait``, "cold" (not all cached, nothing verified). ``head``: a scratch buffer of
+        the header's size."""
+        n = rec.nbytes
+        if pieces and n > _PIECE_BYTES:
+            got = self._preadv(fd, [memoryview(head)], 0, _HDR.size, nowait)
+            if got < _HDR.size:
+                return self._cold_or_bad(fd, got, 0, _HDR.size + n, nowait)
+            h = xxhash.xxh3_128()
+            pos = 0
+            while pos < n:
+                piece = dst[pos : min(n, pos + _PIECE_BYTES)]
+                g = self._preadv(fd, [piece], _HDR.size + pos, piece.nbytes, nowait)
+                if g < piece.nbytes:
+                    return self._cold_or_bad(fd, g, _HDR.size + pos, n - pos, nowait)
+                h.update(piece)
+                pos += g
+            chk = h.digest()
+        else:
+            total = _HDR.size + n
+            got = self._preadv(fd, [memoryview(head), dst], 0, total, nowait)
+            if got < total:
+                return self._cold_or_bad(fd, got, 0, total, nowait)
+            chk = xxhash.xxh3_128_digest(dst)
+        magic, nb, hchk, sha = _HDR.unpack(head)
+        if magic == _MAGIC and nb == n and hchk == chk:
+            if sha[:_PFX] != rec.pfx:
+                return "wrong"
+            if not rec.sha:
+                rec.sha = sha.hex()
+            return "ok"
+        return "bad"
 
     def _cold_or_bad(self, fd: int, got: int, off: int, want: int, nowait: bool) -> str:
         if not nowait:
@@ -831,47 +946,73 @@ class PfsBackend(Backend):
         return "cold"
 
     def _read_slice(self, jobs: list[tuple[_Rec, memoryview]], nowait: bool, pieces: bool) -> list[str]:
-        """:meth:`_read_one` for each job. Blocks up to :data:`_PIECE_BYTES` read with
-        ``RWF_NOWAIT`` take an inlined loop: cached small blocks cost little more than the
-        three system calls, so the interpreter's work per block is what is left to save."""
+        """:meth:`_read_one` for each job, or "missing" when its record is gone.
+
+        Records are read through :class:`_OpenFiles`: a cached descriptor is used while
+        the inode's change time is the one it had when the descriptor was opened, checked
+        when the last check is over ``revalidate_s`` old (else a record of that content was
+        linked or unlinked, perhaps this one by another process: the record is opened
+        again by name, so an evicted record reads as "missing"). Blocks up to
+        :data:`_PIECE_BYTES` read with ``RWF_NOWAIT`` take an inlined loop: cached small
+        blocks cost little more than their system calls, so the interpreter's work per
+        block is what is left to save."""
         head = bytearray(_HDR.size)
         read_one = self._read_one
-        if not (nowait and self._nowait):
-            return [read_one(rec, dst, nowait, pieces, head) for rec, dst in jobs]
+        files = self._files
+        handles = files.take([rec.name for rec, _ in jobs])
+        held: list[_Handle] = [h for h in handles if h is not None]
         out: list[str] = []
         append = out.append
         kfd, rdonly, flag = self._keys_fd, os.O_RDONLY, _RWF_NOWAIT
-        o_open, o_preadv, o_close = os.open, os.preadv, os.close
+        o_open, o_preadv, o_fstat = os.open, os.preadv, os.fstat
+        inline = nowait and self._nowait
+        now = time.monotonic()
+        stale = now - self._revalidate_s
         digest, unpack, magic0, hsize, pl = xxhash.xxh3_128_digest, _HDR.unpack, _MAGIC, _HDR.size, _PFX
-        for rec, dst in jobs:
-            n = rec.nbytes
-            if n > _PIECE_BYTES:
-                append(read_one(rec, dst, nowait, pieces, head))
-                continue
-            try:
-                fd = o_open(rec.name, rdonly, dir_fd=kfd)
-            except FileNotFoundError:
-                append("missing")
-                continue
-            try:
-                got = o_preadv(fd, [head, dst], 0, flag)
-            except OSError:
-                got = -1  # not cached (or RWF_NOWAIT refused): the full path decides
-            finally:
-                o_close(fd)
-            if got != hsize + n:
-                append(read_one(rec, dst, nowait, pieces, head))
-                continue
-            magic, nb, hchk, sha = unpack(head)
-            if magic == magic0 and nb == n and hchk == digest(dst):
-                if sha[:pl] != rec.pfx:
-                    append("wrong")
+        try:
+            for (rec, dst), h in zip(jobs, handles, strict=True):
+                if h is not None and h.checked <= stale:
+                    if o_fstat(h.fd).st_ctime_ns == h.ctime:
+                        h.checked = now
+                    else:
+                        files.drop(rec.name)  # closed when given back
+                        h = None
+                if h is None:
+                    try:
+                        fd = o_open(rec.name, rdonly, dir_fd=kfd)
+                    except FileNotFoundError:
+                        append("missing")
+                        continue
+                    try:
+                        ct = o_fstat(fd).st_ctime_ns
+                    except BaseException:
+                        os.close(fd)
+                        raise
+                    h = files.adopt(rec.name, fd, ct, now)
+                    held.append(h)
+                n = rec.nbytes
+                if not inline or n > _PIECE_BYTES:
+                    append(read_one(rec, dst, nowait, pieces, head, h.fd))
                     continue
-                if not rec.sha:
-                    rec.sha = sha.hex()
-                append("ok")
-            else:
-                append("bad")
+                try:
+                    got = o_preadv(h.fd, [head, dst], 0, flag)
+                except OSError:
+                    got = -1  # not cached (or RWF_NOWAIT refused): the full path decides
+                if got != hsize + n:
+                    append(read_one(rec, dst, nowait, pieces, head, h.fd))
+                    continue
+                magic, nb, hchk, sha = unpack(head)
+                if magic == magic0 and nb == n and hchk == digest(dst):
+                    if sha[:pl] != rec.pfx:
+                        append("wrong")
+                        continue
+                    if not rec.sha:
+                        rec.sha = sha.hex()
+                    append("ok")
+                else:
+                    append("bad")
+        finally:
+            files.give(held)
         return out
 
     def _preadv(self, fd: int, bufs: list[memoryview], off: int, total: int, nowait: bool) -> int:
@@ -978,6 +1119,7 @@ class PfsBackend(Backend):
     def _forget(self, key: str) -> _Rec:
         """Drop a committed key from the index and its bytes from the accounting."""
         rec = self._index.pop(key)
+        self._files.drop(rec.name)
         self._logical -= rec.nbytes
         if self._scan_evicted is not None:
             self._scan_evicted.add(key)
@@ -1216,6 +1358,7 @@ class PfsBackend(Backend):
                 "dedup_hits": self._dedup_hits,
                 "integrity_failures": self._integrity_failures,
                 "fsync": self._fsync,
+                "open_files": len(self._files),
             },
         )
 
