@@ -9,7 +9,10 @@ PFS: batched put (sha256 content address, a content file per block published wit
 of one new file per block; a third put side, the floor, does the raw put with a
 sha256 of each block first (what any sha256-addressed store must add); and batched get (read + xxh3 check) against
 ``os.preadv`` of the same files, both into preallocated caller buffers, hot (page cache) and cold (pages dropped with
-``posix_fadvise(DONTNEED)`` before each repetition, for both sides). The raw
+``posix_fadvise(DONTNEED)`` before each repetition, for both sides). The tier keeps
+descriptors of records it has read open (``open_files``) while the raw reference opens
+each file per read, as a plain file-per-block client does; an informative fourth hot
+side reads the raw files through descriptors opened before the timing. The raw
 side is the faster of one thread and the tier's concurrency (8 threads). The PFS
 sides (raw on 1 thread, raw on 8, the tier) are interleaved repetition by
 repetition in a rotating order, so that drift of the machine moves all alike.
@@ -166,6 +169,21 @@ async def bench_pfs(root: Path, total: int, reps: int) -> list[dict[str, Any]]:
             for p in rawpaths:
                 get_one(p)
 
+        held: list[int] = []
+
+        def open_raw(rawpaths: list[Path] = rawpaths, held: list[int] = held) -> None:
+            held[:] = [os.open(p, os.O_RDONLY) for p in rawpaths]
+
+        def close_raw(held: list[int] = held) -> None:
+            for fd in held:
+                os.close(fd)
+            held.clear()
+
+        def raw_get_fd(held: list[int] = held, dsts: list[Any] = dsts) -> None:
+            preadv = os.preadv
+            for fd, dst in zip(held, dsts, strict=True):
+                preadv(fd, [dst], 0)
+
         def raw_put_par(rawpaths: list[Path] = rawpaths, srcs: list[Any] = srcs) -> None:
             list(pool.map(put_one, rawpaths, srcs))
 
@@ -226,6 +244,7 @@ async def bench_pfs(root: Path, total: int, reps: int) -> list[dict[str, Any]]:
                     ("put", "sha"): floor_put,
                     ("hot", "1"): raw_get,
                     ("hot", "8"): raw_get_par,
+                    ("hot", "fd"): raw_get_fd,
                     ("cold", "1"): raw_get,
                     ("cold", "8"): raw_get_par,
                 }[(op, who)]
@@ -242,10 +261,15 @@ async def bench_pfs(root: Path, total: int, reps: int) -> list[dict[str, Any]]:
                     raw_put()  # the raw files for the reads
             os.sync()  # start each figure with nothing left to write back (both sides alike)
             names = [f"{op}:1", f"{op}:8", f"{op}:tier"] + (["put:sha"] if op == "put" else [])
+            if op == "hot":
+                names.append("hot:fd")
+                open_raw()
             for rep in range(reps):
                 k = rep % len(names)
                 for name in (names[k:] + names[:k])[:: -1 if rep % 2 else 1]:
                     await side(name)
+            if op == "hot":
+                close_raw()
             if op != "put":
                 await clear()
         med = {k: statistics.median(v) for k, v in t.items()}
@@ -259,10 +283,13 @@ async def bench_pfs(root: Path, total: int, reps: int) -> list[dict[str, Any]]:
                 "block_bytes": size,
                 "blocks_per_call": n,
                 "raw": "os.pwrite+fsync / os.pread, the better of 1 thread and 8 threads",
+                "raw_open_fds": "os.preadv on descriptors opened before the timing, 1 thread (informative)",
                 "raw_put_MBps": n * size / t_raw_put / 1e6,
                 "put_MBps": n * size / t_put / 1e6,
                 "raw_get_hot_MBps": n * size / t_raw_get / 1e6,
                 "get_hot_MBps": n * size / t_get / 1e6,
+                "raw_get_hot_open_fds_MBps": n * size / med["hot:fd"] / 1e6,
+                "get_hot_ratio_open_fds": med["hot:fd"] / t_get,
                 "raw_get_cold_MBps": n * size / t_raw_cold / 1e6,
                 "get_cold_MBps": n * size / t_cold / 1e6,
                 "floor_put_MBps": n * size / med["put:sha"] / 1e6,
@@ -303,17 +330,19 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
     where = args.pfs_dir or tempfile.gettempdir()
     print(
         f"\nPFS tier vs os.pwrite+fsync / os.pread on {where} (median of {reps}; get = read + xxh3 verify;"
-        " raw = best of 1 and 8 threads; floor = raw put on 8 threads + sha256 of each block)"
+        " raw = best of 1 and 8 threads; floor = raw put on 8 threads + sha256 of each block;"
+        " fd hot = raw hot gets on descriptors opened before the timing, as the tier's open_files holds them)"
     )
     print(
         f"{'block':>8} {'blocks':>6} {'rawput MB/s':>11} {'put MB/s':>9} {'put x':>6} {'floor x':>7} {'rawget hot':>10}"
-        f" {'get hot':>8} {'hot x':>6} {'rawget cold':>11} {'get cold':>8} {'cold x':>6}"
+        f" {'get hot':>8} {'hot x':>6} {'fd hot':>7} {'fd x':>5} {'rawget cold':>11} {'get cold':>8} {'cold x':>6}"
     )
     for r in prow:
         print(
             f"{_fmt(r['block_bytes']):>8} {r['blocks_per_call']:>6} {r['raw_put_MBps']:>11.0f} {r['put_MBps']:>9.0f}"
             f" {r['put_ratio']:>6.2f} {r['floor_put_ratio']:>7.2f} {r['raw_get_hot_MBps']:>10.0f} {r['get_hot_MBps']:>8.0f}"
-            f" {r['get_hot_ratio']:>6.2f} {r['raw_get_cold_MBps']:>11.0f} {r['get_cold_MBps']:>8.0f}"
+            f" {r['get_hot_ratio']:>6.2f} {r['raw_get_hot_open_fds_MBps']:>7.0f} {r['get_hot_ratio_open_fds']:>5.2f}"
+            f" {r['raw_get_cold_MBps']:>11.0f} {r['get_cold_MBps']:>8.0f}"
             f" {r['get_cold_ratio']:>6.2f}"
         )
     return rows + prow
