@@ -14,7 +14,11 @@ field                      default      meaning
                                         promotions) or ``lru`` (the foundation's placement)
 ``prefill_tokens_per_s``   none         the engine's prefill rate; enables the
                                         fetch-vs-recompute gate
-``tau_s``                  300          recency time constant of the eviction ranking
+``tau_s``                  300          recency time constant of the eviction ranking (the
+                                        start value when ``tau_candidates_s`` is not empty)
+``tau_candidates_s``       [30, 60,     candidates of the adaptive ``tau``, chosen online by
+                           120, 300]    sampled shadow caches (:class:`~tierkv.scheduler.TauAdapter`);
+                                        ``[]`` keeps ``tau_s`` fixed
 ``promote``                true         promote hits from lower tiers when their value wins
 ``max_transfers_per_tier`` 4            concurrent promotions/demotions/prefetches per tier
 ``max_concurrent_fetches`` 64           admission control: concurrent ``get`` reads
@@ -27,7 +31,10 @@ field                      default      meaning
 =========================  ===========  ==================================================
 
 Eviction ranking (predictive policy): ``priority = ln P(reuse | cell) +
-t_last / tau``, i.e. ``P(reuse) x exp(-age / tau)`` in log space; a request
+t_last / tau``, i.e. ``P(reuse) x exp(-age / tau)`` in log space (``tau``
+adapted online, the same :class:`~tierkv.scheduler.TauAdapter` as the replay
+lab's ``tierkv`` policy: its shadow caches are sized to the tiers' total
+capacity in blocks, :meth:`SchedulerState.set_capacity_blocks`); a request
 touches its blocks leaf first so that a parent always ranks at least as high as
 its descendants (a prefix is useless without its ancestors); blocks with a
 prefix fanout of ``placement.protect_fanout`` children or more are protected
@@ -37,7 +44,7 @@ Response length (``TierKV.hint(response_tokens=N)``, :meth:`SchedulerState.respo
 when the engine reports the length of the answer to the most recent request, that
 request's blocks (those whose ``t_last`` is still the request's) get ``delta =
 (t_done - t_request) / tau + ResponseModel.adjustment(class)`` added to their
-priority -- the same re-keying as the replay lab's ``tierkv`` policy
+priority (with the ``tau`` of the moment the priority is computed) -- the same re-keying as the replay lab's ``tierkv`` policy
 (:mod:`tierkv.scheduler._response`). The adjustment is learned from whether the
 request's deepest block was accessed again within the predictor's horizon after
 the answer.
@@ -64,6 +71,7 @@ from .scheduler import (
     PredictorConfig,
     PrefetchWindow,
     ReusePredictor,
+    TauAdapter,
     TierEstimator,
     ToolChain,
     cell_index,
@@ -85,6 +93,7 @@ _KNOWN = frozenset(
         "policy",
         "prefill_tokens_per_s",
         "tau_s",
+        "tau_candidates_s",
         "promote",
         "max_transfers_per_tier",
         "max_concurrent_fetches",
@@ -136,6 +145,15 @@ class SchedulerState:
             None if rate is None else opt_float(options, "prefill_tokens_per_s", prefix="scheduler", minimum=1e-9)
         )
         self.tau_s = opt_float(options, "tau_s", 300.0, prefix="scheduler", minimum=1e-3)
+        cands = options.get("tau_candidates_s", [30.0, 60.0, 120.0, 300.0])
+        if not isinstance(cands, (list, tuple)) or not all(
+            isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0 for t in cands
+        ):
+            raise ConfigError(
+                "scheduler.tau_candidates_s", cands, "a list of finite numbers > 0 (or [] for a fixed tau_s)"
+            )
+        self.tau_candidates = tuple(float(t) for t in cands)
+        self.tau_adapter: TauAdapter | None = None  # made by set_capacity_blocks
         self.promote = opt_bool(options, "promote", True, prefix="scheduler")
         self.max_transfers = opt_int(options, "max_transfers_per_tier", 4, prefix="scheduler", minimum=1)
         self.max_fetches = opt_int(options, "max_concurrent_fetches", 64, prefix="scheduler", minimum=1)
@@ -184,10 +202,12 @@ class SchedulerState:
         self.gate_decisions = {"fetch": 0, "recompute": 0}
         self.dropped_jobs = 0
         self.response = ResponseModel()
-        # completed requests with a response-length adjustment: t_last windows [start, end] -> delta
+        # completed requests with a response-length adjustment: t_last windows [start, end] ->
+        # (class adjustment, seconds from the request to its completion)
         self._resp_start: list[float] = []
         self._resp_end: list[float] = []
-        self._resp_delta: list[float] = []
+        self._resp_adj: list[float] = []
+        self._resp_dt: list[float] = []
         self._resp_done_t = -math.inf  # request time of the latest respond() (one answer per request)
 
     # ------------------------------------------------------------------ time
@@ -240,8 +260,38 @@ class SchedulerState:
     def _response_delta(self, t_last: float) -> float:
         i = bisect.bisect_right(self._resp_start, t_last) - 1
         if i >= 0 and t_last <= self._resp_end[i]:
-            return self._resp_delta[i]
+            return self._resp_adj[i] + self._resp_dt[i] / self.tau_s
         return 0.0
+
+    # ------------------------------------------------------------ adaptive tau
+    def set_capacity_blocks(self, blocks: int) -> None:
+        """The cache's capacity in blocks (all tiers): sizes the adaptive ``tau``'s shadow caches
+        (made on the first call; no-op with the LRU policy or a fixed ``tau``)."""
+        if self.policy == "lru" or not self.tau_candidates:
+            return
+        blocks = max(1, int(blocks))
+        if self.tau_adapter is None:
+            self.tau_adapter = TauAdapter(self.tau_candidates, self.tau_s, blocks)
+        else:
+            self.tau_adapter.resize(blocks)
+
+    def observe_ranked(self, block: int, cell: int, now: float) -> None:
+        """One block access, in the order the cache admits a request's blocks (leaf first): feeds
+        the adaptive ``tau``'s shadow caches when ``block`` is sampled."""
+        ad = self.tau_adapter
+        if ad is not None and ad.sampled(block):
+            ad.add(block, self.predictor.log_table[cell], now)
+
+    def end_request(self, now: float) -> float | None:
+        """A request's blocks were all observed: the adaptive ``tau`` may switch (then it is
+        returned and used by every later :meth:`priority`)."""
+        ad = self.tau_adapter
+        if ad is None:
+            return None
+        t = ad.request(now)
+        if t is not None:
+            self.tau_s = t
+        return t
 
     _RESPONSE_MEMORY = 65_536  # completed requests whose adjustment is remembered
 
@@ -263,15 +313,16 @@ class SchedulerState:
         model.observe(now, key_block, cls, pred.table[key_cell])
         if self.policy == "lru":
             return None
-        delta = model.adjustment(cls) + max(0.0, now - t_req) / self.tau_s
+        adj, dt = model.adjustment(cls), max(0.0, now - t_req)
         # the request's entries carry t_last = t_req + (n - i) * 1e-6 (TierKV._record_access)
         self._resp_start.append(t_req)
         self._resp_end.append(t_req + (len(batch) + 1) * 1e-6)
-        self._resp_delta.append(delta)
+        self._resp_adj.append(adj)
+        self._resp_dt.append(dt)
         if len(self._resp_start) > 2 * self._RESPONSE_MEMORY:
-            for lst in (self._resp_start, self._resp_end, self._resp_delta):
+            for lst in (self._resp_start, self._resp_end, self._resp_adj, self._resp_dt):
                 del lst[: self._RESPONSE_MEMORY]
-        return delta
+        return adj + dt / self.tau_s
 
     def p_reuse(self, cell: int) -> float:
         return float(self.predictor.table[cell])

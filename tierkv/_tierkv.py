@@ -369,6 +369,8 @@ class TierKV:
         self._scope_cache: dict[str, bytes] = {}
         self._block_shape = self._spec.kv_shape(self._block_tokens)
         self._block_nbytes = int(np.prod(self._block_shape)) * self._dtype.itemsize
+        # the adaptive tau's shadow caches model the whole cache (backend stats are in-memory)
+        self._sched.set_capacity_blocks(sum(b.stats().capacity_bytes for _, b in tiers) // max(1, self._block_nbytes))
         self.misses_by_reason: dict[str, int] = {}
         self._staged: dict[str, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], str | None]] = {}
         #: blocks copied up from the checkpoint named by ``open(restore=...)``
@@ -962,6 +964,7 @@ class TierKV:
         attrs: dict[str, Any] = {
             "tierkv.block": e.key[:16],
             "tierkv.score": sched.priority(e.cell, e.t_last),
+            "tierkv.tau_s": sched.tau_s,
             "tierkv.posterior": p,
             "tierkv.confidence": min(1.0, post.resolved / (post.resolved + post.config.confidence_k)),
             "tierkv.from_tier": s_name,
@@ -1371,8 +1374,10 @@ class TierKV:
             )
             e.p_pred = sched.p_reuse(e.cell)
             pred.observe(now, e.bid, e.cell)
+            sched.observe_ranked(e.bid, e.cell, now)
             self._touch(e)
         pred.advance(now)
+        sched.end_request(now)
 
     async def _read_blocks(self, entries: list[_Entry], served: list[int]) -> list[memoryview | BaseException]:
         """Read every entry's bytes, batched per tier; a failure is returned in

@@ -2,6 +2,7 @@
 
 * :class:`ReusePredictor` -- Beta posteriors per (block type x transition) with per-block evidence.
 * :class:`ResponseModel` -- per answer-length class calibration, applied when a request completes.
+* :class:`TauAdapter` -- online choice of the ranking's recency time constant by sampled shadow caches.
 * :class:`HeadImportance` -- head-granular EMA attention importance (GQA max, MLA per layer).
 * :class:`PrefetchWindow` -- RoPE-aware prefetch window per layer class.
 * :class:`ToolChain` -- agentic Markov chain over tools with KV size profiles; session classes.
@@ -51,6 +52,7 @@ from ._predictor import (
 from ._prefetch import PrefetchWindow, attention_span
 from ._response import ResponseModel, completion_time, response_class
 from ._survival import RenewalHazard, age_bin, bin_lower_edges, hit_density, km_survival
+from ._tau import TauAdapter
 
 __all__ = [
     "BLOCK_TYPES",
@@ -69,6 +71,7 @@ __all__ = [
     "ReusePredictor",
     "SessionClass",
     "SizeProfile",
+    "TauAdapter",
     "TierEstimator",
     "ToolChain",
     "age_bin",

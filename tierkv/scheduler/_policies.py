@@ -37,6 +37,7 @@ import numpy as np
 from .._errors import ConfigError
 from ._predictor import N_CELLS, PredictorConfig, ReusePredictor
 from ._response import ResponseModel, response_class
+from ._tau import TauAdapter
 
 __all__ = [
     "ArcPolicy",
@@ -429,6 +430,11 @@ class TierKVOptions:
       learned calibration of its answer-length class (:class:`~tierkv.scheduler._response.ResponseModel`).
     * ``completion`` -- at a request's completion, its blocks' recency counts from the completion time
       instead of the arrival (needs ``decay``).
+    * ``shadow_taus`` -- adapt ``tau`` online (needs ``decay``; empty: fixed ``tau_s``): each candidate
+      replays the same keys (value + ``t / tau``) on a spatially sampled mini-cache (about
+      ``shadow_blocks`` blocks, the sample rate scaled with the capacity); every ``adapt_every``
+      requests the candidate with the most (decayed by ``adapt_decay``) sampled hits becomes ``tau`` if it
+      beats the current one by ``shadow_margin``, and the resident blocks are re-keyed (O(resident)).
     """
 
     predictor: bool = True
@@ -444,6 +450,11 @@ class TierKVOptions:
     shape: bool = True
     response: bool = True
     completion: bool = True
+    shadow_taus: tuple[float, ...] = (30.0, 60.0, 120.0, 300.0)
+    shadow_blocks: int = 1024
+    shadow_margin: float = 0.02
+    adapt_every: int = 32
+    adapt_decay: float = 0.98
     predictor_config: PredictorConfig = field(default_factory=PredictorConfig)
 
     def __post_init__(self) -> None:
@@ -453,6 +464,16 @@ class TierKVOptions:
             raise ConfigError("tierkv.tau_s", self.tau_s, "a finite number > 0")
         if not (isinstance(self.quick_step, (int, float)) and math.isfinite(self.quick_step) and self.quick_step >= 0):
             raise ConfigError("tierkv.quick_step", self.quick_step, "a finite number >= 0")
+        if not all(isinstance(t, (int, float)) and math.isfinite(t) and t > 0 for t in self.shadow_taus):
+            raise ConfigError("tierkv.shadow_taus", self.shadow_taus, "finite numbers > 0")
+        for name in ("shadow_blocks", "adapt_every"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"tierkv.{name}", v, "an integer >= 1")
+        if not (isinstance(self.shadow_margin, (int, float)) and 0 <= self.shadow_margin < math.inf):
+            raise ConfigError("tierkv.shadow_margin", self.shadow_margin, "a finite number >= 0")
+        if not (isinstance(self.adapt_decay, (int, float)) and 0 < self.adapt_decay <= 1):
+            raise ConfigError("tierkv.adapt_decay", self.adapt_decay, "a number in (0, 1]")
 
 
 class OptGen:
@@ -522,8 +543,11 @@ class TierKVPolicy:
     :mod:`tierkv.scheduler._predictor`), halved for a partial tail block, x4 for a high-fanout prefix, and
     never below a descendant's in the same request; ``t_last`` the last access;
     ``tau`` a time constant of the order of the gap between turns of a conversation (300 s; chosen on the
-    first 40% of the Mooncake conversation trace, whose turn gaps have p50 117 s and p75 240 s); fixed,
-    because keys computed with different ``tau`` would not be comparable. Reuse outcomes are labelled by
+    first 40% of the Mooncake conversation trace, whose turn gaps have p50 117 s and p75 240 s) to start
+    from, then adapted online: keys computed with different ``tau`` are not comparable, so a change of
+    ``tau`` re-keys every resident block (``value + t / tau``, the time term kept per block); the candidate
+    ``tau`` values (``TierKVOptions.shadow_taus``) are scored by the hits of sampled mini-caches that rank
+    the same values with their own ``tau`` (:class:`~tierkv.scheduler._tau.TauAdapter`). Reuse outcomes are labelled by
     :class:`OptGen` (would an optimal cache of this size have kept the block?) within the predictor's
     300 s horizon. Ordering by that quantity at any ``now``
     is ordering by the static key ``ln p + t_last / tau``. Keys are quantised to 1/64 (1.6% in ``p`` or
@@ -539,6 +563,7 @@ class TierKVPolicy:
     """
 
     __slots__ = (
+        "adapter",
         "bheap",
         "buckets",
         "cache",
@@ -557,6 +582,7 @@ class TierKVPolicy:
         "reqs",
         "seq",
         "tau",
+        "tl",
         "track_idle",
         "turn_time",
     )
@@ -582,6 +608,35 @@ class TierKVPolicy:
         self.owner: dict[int, int] = {}  # block -> index of the request that touched it last
         self.reqs: dict[int, tuple[Sequence[int], float, int, int]] = {}  # uncompleted request -> (ids, t, key, cell)
         self.model = ResponseModel()
+        # adaptive tau (shared with the library: tierkv.scheduler._tau): the time term of each resident
+        # block's key, kept to re-key the cache when tau changes
+        st = self.opts.shadow_taus if self.opts.decay else ()
+        self.tl: dict[int, float] = {}
+        self.adapter: TauAdapter | None = None
+        if st:
+            self.adapter = TauAdapter(
+                st,
+                self.tau,
+                max(1, capacity),
+                sample_blocks=self.opts.shadow_blocks,
+                margin=self.opts.shadow_margin,
+                every=self.opts.adapt_every,
+                decay=self.opts.adapt_decay,
+            )
+
+    @property
+    def tau_trace(self) -> list[tuple[float, float]]:
+        """(time, new tau) of every switch of the adaptive tau."""
+        return [] if self.adapter is None else self.adapter.trace
+
+    def _retau(self, t: float, now: float) -> None:
+        """Re-key every resident block for the new ``tau`` (keys are ``value + t_time / tau``)."""
+        f = (1.0 / t - 1.0 / self.tau) * _QUANTA
+        cache, tget = self.cache, self.tl.get
+        for b, q in cache.items():
+            cache[b] = q + round(tget(b, now) * f)
+        self.tau = t
+        self._compact()
 
     def _compact(self) -> None:
         buckets: dict[int, deque[int]] = {}
@@ -595,6 +650,9 @@ class TierKVPolicy:
         self.bheap = list(buckets)
         heapq.heapify(self.bheap)
         self.entries = len(self.cache)
+        tl = self.tl
+        if len(tl) > len(self.cache):
+            self.tl = {b: tl[b] for b in self.cache if b in tl}
 
     def request(self, ids: Sequence[int], now: float, tail_partial: bool) -> tuple[int, int]:
         cache, count, fanout, pred, opts = self.cache, self.count, self.fanout, self.pred, self.opts
@@ -669,6 +727,9 @@ class TierKVPolicy:
             keys[tail_j] += tail_adj
         if self.track_idle:
             last.update(zip(ids, [now] * n, strict=True))
+        ad = self.adapter
+        if ad is not None:
+            self.tl.update(zip(ids, repeat(now, n), strict=False))
         seq = self.seq
         self.seq = seq + 1
         if n:
@@ -685,6 +746,13 @@ class TierKVPolicy:
                 else:
                     m = keys[j]
             order = range(n - 1, -1, -1)
+        if ad is not None:
+            sampled = ad.sampled
+            js = [j for j in range(n) if sampled(ids[j])]
+            if js:
+                js.reverse()  # leaf first, as the real cache
+                for j in js:
+                    ad.add(ids[j], keys[j] - base, now)
         cap = self.capacity
         bypass = opts.bypass
         idle = self.idle_ewma
@@ -709,6 +777,8 @@ class TierKVPolicy:
                         continue
                     v = dq.popleft()
                     del cache[v]
+                    if ad is not None:
+                        self.tl.pop(v, None)
                     if self.track_idle:
                         age = now - last[v]
                         idle = age if idle < 0 else 0.999 * idle + 0.001 * age
@@ -727,6 +797,10 @@ class TierKVPolicy:
         self.entries += n
         if self.entries > 4 * cap + 4096:
             self._compact()
+        if ad is not None:
+            t = ad.request(now)
+            if t is not None:
+                self._retau(t, now)
         return lead, hits
 
     def respond(self, index: int, t_done: float, output_tokens: int) -> None:
@@ -756,6 +830,7 @@ class TierKVPolicy:
         # a shared prefix's value is not this session's: never lowered (raising it keeps parent >= child)
         shared = opts.fanout_protect if dq < 0 else 0
         moved = 0
+        tl = self.tl if (self.adapter is not None and opts.completion and opts.decay and t_done > t_arr) else None
         for b in ids:
             if owner.get(b) != index:
                 continue  # touched since by another request
@@ -764,6 +839,8 @@ class TierKVPolicy:
                 continue  # evicted, or a shared prefix
             q += dq
             cache[b] = q
+            if tl is not None:
+                tl[b] = t_done
             slot = buckets.get(q)
             if slot is None:
                 buckets[q] = deque((b,))

@@ -43,7 +43,7 @@ LRU -> Belady prefix-hit-rate gap the policy closes at that capacity, ``(p - p_l
 :class:`~tierkv.scheduler._policies.TierKVOptions`): ``tierkv-no-predictor``, ``-no-prefix-tree``,
 ``-no-fanout``, ``-no-bypass``, ``-no-size``, ``-no-decay``, ``-no-optgen``, ``-no-quick-step``, ``-no-shape``,
 ``-no-response`` (answer-length class), ``-no-completion`` (recency from completion), ``-no-response-signal``
-(both),
+(both), ``tierkv-fixed-tau`` (``tau`` fixed at its start value instead of adapted by shadow caches),
 and the experimental renewal-process policy ``tierkv-session`` (:class:`~tierkv.scheduler._policies.SessionPolicy`)
 with ``tierkv-session-no-hazard``, ``-no-classes``, ``-no-density``, ``-no-prefix-tree``, ``-no-bypass``,
 ``-no-tail`` (see :class:`~tierkv.scheduler._policies.SessionOptions`). Any ablation name is also accepted by
@@ -105,6 +105,7 @@ ABLATIONS: dict[str, SessionOptions | TierKVOptions] = {
     "tierkv-no-response": TierKVOptions(response=False),
     "tierkv-no-completion": TierKVOptions(completion=False),
     "tierkv-no-response-signal": TierKVOptions(response=False, completion=False),
+    "tierkv-fixed-tau": TierKVOptions(shadow_taus=()),
     # experimental renewal-process policy (SessionPolicy) and its ablations
     "tierkv-session": SessionOptions(),
     "tierkv-session-no-hazard": SessionOptions(hazard=False),

@@ -1,0 +1,227 @@
+"""Online choice of the eviction ranking's recency time constant ``tau`` (pure, no I/O).
+
+The ``tierkv`` ranking keys a block by ``value + t_last / tau`` (``value`` = the log reuse probability
+and its boosts): ``tau`` sets how much a predicted-valuable block may outlive a more recent one. No fixed
+``tau`` suits every workload: on the Mooncake conversation trace (turn gaps of minutes) 300 s is best at
+every capacity, on a mix of fast agent loops and slow chats 30 s is (300 s puts the ranking under LRU).
+
+:class:`TauAdapter` picks ``tau`` among candidates by *shadow caches*: a spatially sampled mini-cache per
+candidate (blocks whose id hashes under a threshold, so that each holds about ``sample_blocks`` blocks
+whatever the real capacity, the sample rate being ``sample_blocks / capacity``) replays the same accesses
+with the same values, ranked with that candidate's ``tau`` and the same bypass rule as the real cache
+(a block ranking below the mini-cache's victim is not admitted). Every ``every`` requests the candidate
+with the most sampled hits (counts decayed by ``decay`` per decision, so the choice follows drift)
+becomes ``tau`` if it beats the current one by ``margin`` (hysteresis: sampling noise must not flip the
+ranking back and forth). Spatial sampling of this kind is how miniature simulations estimate miss-ratio
+curves; the choice only uses what happened before it (causal).
+
+The caller owns the real cache: the replay lab re-keys its resident blocks when ``tau`` changes (its keys
+are static), the library ranks on demand and just reads :attr:`TauAdapter.tau`.
+
+Cost: the sampled fraction of accesses is served once per candidate, in batches at each decision; the
+mini-caches are quantised FIFO buckets under a min-heap like the replay policy's cache.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Sequence
+
+from .._errors import ConfigError
+
+__all__ = ["TauAdapter"]
+
+_QUANTA = 64.0  # keys are quantised to 1/64 of a natural-log unit, as the replay policy's
+_HASH_MUL = 2654435761  # Knuth's multiplicative hash (block ids are already hashes; this mixes the low bits)
+_OFFSET = 64.0  # added to values so that quantised keys stay positive for any realistic value
+
+
+class TauAdapter:
+    """Chooses ``tau`` among ``taus`` by sampled shadow caches (see the module docstring).
+
+    Not thread-safe (one event loop, or the replay's single thread). Raises ConfigError for bad
+    parameters; the methods never raise for any input of the declared types.
+    """
+
+    __slots__ = (
+        "_buf_b",
+        "_buf_t",
+        "_buf_v",
+        "_caches",
+        "_cap",
+        "_decay",
+        "_every",
+        "_hits",
+        "_margin",
+        "_next",
+        "_requests",
+        "_sample",
+        "_since_compact",
+        "_thr",
+        "tau",
+        "taus",
+        "trace",
+    )
+
+    def __init__(
+        self,
+        taus: Sequence[float],
+        start: float,
+        capacity_blocks: int,
+        *,
+        sample_blocks: int = 1024,
+        margin: float = 0.02,
+        every: int = 32,
+        decay: float = 0.98,
+    ) -> None:
+        if not taus or not all(
+            isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0 for t in taus
+        ):
+            raise ConfigError("tau_candidates_s", list(taus), "one or more finite numbers > 0")
+        if not (isinstance(start, (int, float)) and math.isfinite(start) and start > 0):
+            raise ConfigError("tau_s", start, "a finite number > 0")
+        for name, v in (("capacity_blocks", capacity_blocks), ("sample_blocks", sample_blocks), ("every", every)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(name, v, "an integer >= 1")
+        if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin >= 0):
+            raise ConfigError("margin", margin, "a finite number >= 0")
+        if not (isinstance(decay, (int, float)) and 0 < decay <= 1):
+            raise ConfigError("decay", decay, "a number in (0, 1]")
+        self.taus = tuple(float(t) for t in taus)
+        self.tau = float(start)
+        self._sample = sample_blocks
+        self._margin = float(margin)
+        self._every = every
+        self._decay = float(decay)
+        self._hits = [0.0] * len(self.taus)
+        # per candidate: resident block -> quantised key, key -> FIFO of blocks, heap of keys with a bucket
+        self._caches: list[tuple[dict[int, int], dict[int, deque[int]], list[int], float]] = [
+            ({}, {}, [], 1.0 / t) for t in self.taus
+        ]
+        self._buf_b: list[int] = []
+        self._buf_v: list[float] = []
+        self._buf_t: list[float] = []
+        self._since_compact = 0
+        self._requests = 0
+        self._next = every
+        self._thr = 0
+        self._cap = 1
+        self.trace: list[tuple[float, float]] = []  # (time, new tau) of every switch
+        self.resize(capacity_blocks)
+
+    # ------------------------------------------------------------------ input
+    def resize(self, capacity_blocks: int) -> None:
+        """Set the real cache's capacity in blocks: the sample rate and the mini-caches' size. A
+        change empties the mini-caches and their counts (they described another cache)."""
+        if isinstance(capacity_blocks, bool) or not isinstance(capacity_blocks, int) or capacity_blocks < 1:
+            raise ConfigError("capacity_blocks", capacity_blocks, "an integer >= 1")
+        r = min(1.0, self._sample / capacity_blocks)
+        thr, cap = int(r * 4294967296.0), max(1, round(capacity_blocks * r))
+        if (thr, cap) == (self._thr, self._cap):
+            return
+        self._thr, self._cap = thr, cap
+        for sc, buckets, bheap, _inv in self._caches:
+            sc.clear()
+            buckets.clear()
+            bheap.clear()
+        self._hits = [0.0] * len(self.taus)
+        self._buf_b.clear()
+        self._buf_v.clear()
+        self._buf_t.clear()
+
+    def sampled(self, block: int) -> bool:
+        """Whether accesses of ``block`` (an integer id) feed the shadow caches."""
+        return ((block * _HASH_MUL) & 0xFFFFFFFF) < self._thr
+
+    def add(self, block: int, value: float, t: float) -> None:
+        """Buffer one access of a sampled block: its ranking ``value`` (without the time term) at time
+        ``t``. Within a request, add blocks in the order the real cache admits them (leaf first)."""
+        self._buf_b.append(block)
+        self._buf_v.append(value + _OFFSET)
+        self._buf_t.append(t)
+
+    def request(self, now: float) -> float | None:
+        """One request was served (its sampled blocks added). Every ``every`` requests: serve the
+        buffered accesses in the shadow caches and choose; return the new ``tau`` when it changed."""
+        self._requests += 1
+        if self._requests < self._next:
+            return None
+        self._next = self._requests + self._every
+        self._serve()
+        return self._choose(now)
+
+    @property
+    def hits(self) -> tuple[float, ...]:
+        """Each candidate's decayed count of sampled hits (served accesses only)."""
+        return tuple(self._hits)
+
+    # --------------------------------------------------------------- internals
+    def _serve(self) -> None:
+        sb, sv, st = self._buf_b, self._buf_v, self._buf_t
+        cap, hits = self._cap, self._hits
+        n = len(sb)
+        self._since_compact += n
+        compact = self._since_compact > 4 * cap + 256
+        if compact:
+            self._since_compact = 0
+        for i, (sc, buckets, bheap, inv) in enumerate(self._caches):
+            h = 0
+            for x in range(n):
+                b = sb[x]
+                q = int((sv[x] + st[x] * inv) * _QUANTA)
+                if b in sc:
+                    h += 1
+                    if sc[b] == q:
+                        continue
+                elif len(sc) >= cap:
+                    while True:  # the victim: first live block of the lowest bucket
+                        qv = bheap[0]
+                        dq = buckets[qv]
+                        while dq and sc.get(dq[0]) != qv:
+                            dq.popleft()
+                        if dq:
+                            break
+                        del buckets[qv]
+                        heapq.heappop(bheap)
+                    if q <= qv:
+                        continue  # bypass, as the real cache
+                    del sc[dq.popleft()]
+                sc[b] = q
+                slot = buckets.get(q)
+                if slot is None:
+                    buckets[q] = deque((b,))
+                    heapq.heappush(bheap, q)
+                else:
+                    slot.append(b)
+            hits[i] += h
+            if compact:  # drop stale bucket entries
+                buckets.clear()
+                for b, q in sc.items():
+                    slot = buckets.get(q)
+                    if slot is None:
+                        buckets[q] = deque((b,))
+                    else:
+                        slot.append(b)
+                bheap[:] = buckets
+                heapq.heapify(bheap)
+        sb.clear()
+        sv.clear()
+        st.clear()
+
+    def _choose(self, now: float) -> float | None:
+        hits, taus = self._hits, self.taus
+        best = max(range(len(hits)), key=hits.__getitem__)
+        t = taus[best]
+        new: float | None = None
+        if t != self.tau:
+            cur = taus.index(self.tau) if self.tau in taus else -1
+            if cur < 0 or hits[best] > hits[cur] * (1.0 + self._margin):
+                self.tau = t
+                self.trace.append((now, t))
+                new = t
+        d = self._decay
+        for i in range(len(hits)):
+            hits[i] *= d
+        return new
