@@ -17,7 +17,11 @@ same blocks as new files, 8 threads, one whole batch per figure:
 * ``tmpfile+symlink``: the same, with the key record a symbolic link whose 200-character
   target carries the tag (as the current ``tierkv-rec3`` records do);
 * ``tmpfile+O_DIRECT``: ``tmpfile`` with the object written through ``O_DIRECT`` from an
-  aligned copy (4 KiB header page, payload padded).
+  aligned copy (4 KiB header page, payload padded);
+* ``tmpfile-no-sha256``: ``tmpfile`` with the object named by the block's index instead of
+  its sha256: what the publish protocol costs without the hash;
+* ``floor``: ``raw`` on 8 threads with a sha256 of each block first (the floor of
+  ``bench_tiers.py``): what the hash costs without the protocol.
 
 Sides rotate in order every repetition after an ``os.sync()``; the figure is the median
 over repetitions of each side's throughput, divided by raw's.
@@ -102,8 +106,12 @@ class Layouts:
         except FileExistsError:
             pass
 
-    def tmpfile(self, i: int, s: bytes, *, symlink: bool, direct: bool) -> None:
-        h = hashlib.sha256(s).hexdigest()
+    def raw_sha(self, i: int, s: bytes) -> None:
+        hashlib.sha256(s).digest()
+        self.raw(i, s)
+
+    def tmpfile(self, i: int, s: bytes, *, symlink: bool, direct: bool, sha: bool = True) -> None:
+        h = hashlib.sha256(s).hexdigest() if sha else f"{i:064x}"
         obj, key = self.root / "objects" / h, self.root / "keys" / f"k{i}"
         if not symlink:
             try:
@@ -159,6 +167,8 @@ def main() -> None:
         "tmpfile": lambda i, s: lay.tmpfile(i, s, symlink=False, direct=False),
         "tmpfile+symlink": lambda i, s: lay.tmpfile(i, s, symlink=True, direct=False),
         "tmpfile+O_DIRECT": lambda i, s: lay.tmpfile(i, s, symlink=False, direct=True),
+        "tmpfile-no-sha256": lambda i, s: lay.tmpfile(i, s, symlink=False, direct=False, sha=False),
+        "floor": lay.raw_sha,
     }
     try:
         for size in (16 * 1024, 256 * 1024, 2 * 1024 * 1024):
@@ -177,7 +187,7 @@ def main() -> None:
                             fn(i, s)
                     else:
                         list(pool.map(fn, range(n), srcs))
-                        if name != "raw8":
+                        if name not in ("raw8", "floor"):
                             _dsync(lay.root / "keys")
                             _dsync(lay.root / "objects")
                     res[name].append(n * size / (time.perf_counter() - t0) / 1e9)
