@@ -364,6 +364,7 @@ async def test_demotion_and_eviction_decisions(tmp_path: Path, otel: Otel) -> No
         assert a["tierkv.reason"].startswith("watermark")
         assert 0.0 <= a["tierkv.posterior"] <= 1.0 and 0.0 <= a["tierkv.confidence"] <= 1.0
         assert isinstance(a["tierkv.score"], float)
+        assert a["tierkv.tau_s"] in (30.0, 60.0, 120.0, 300.0)  # the adaptive tau's candidates
         assert {"tierkv.value.dram", "tierkv.value.pfs"} <= set(a)
         assert len(a["tierkv.block"]) == 16
     m = otel.metrics()
