@@ -35,6 +35,7 @@ from typing import Protocol
 import numpy as np
 
 from .._errors import ConfigError
+from ._buckets import bucketize, lowest
 from ._predictor import N_CELLS, PredictorConfig, ReusePredictor
 from ._response import ResponseModel, response_class
 from ._tau import TauAdapter
@@ -639,16 +640,7 @@ class TierKVPolicy:
         self._compact()
 
     def _compact(self) -> None:
-        buckets: dict[int, deque[int]] = {}
-        for b, q in self.cache.items():
-            dq = buckets.get(q)
-            if dq is None:
-                buckets[q] = deque((b,))
-            else:
-                dq.append(b)
-        self.buckets = buckets
-        self.bheap = list(buckets)
-        heapq.heapify(self.bheap)
+        self.buckets, self.bheap = bucketize(self.cache)
         self.entries = len(self.cache)
         tl = self.tl
         if len(tl) > len(self.cache):
@@ -763,16 +755,7 @@ class TierKVPolicy:
             q = int((keys[j] + 64.0) * _QUANTA)
             if b not in cache:
                 if len(cache) >= cap:
-                    # least valid entry: first live block of the lowest bucket
-                    while True:
-                        qv = bheap[0]
-                        dq = buckets[qv]
-                        while dq and cache.get(dq[0]) != qv:
-                            dq.popleft()
-                        if dq:
-                            break
-                        del buckets[qv]
-                        heapq.heappop(bheap)
+                    qv, dq = lowest(cache, buckets, bheap)  # the victim heads dq
                     if bypass and q <= qv:
                         continue
                     v = dq.popleft()

@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from .._errors import ConfigError
+from ._buckets import bucketize, lowest
 
 __all__ = ["TauAdapter"]
 
@@ -176,15 +177,7 @@ class TauAdapter:
                     if sc[b] == q:
                         continue
                 elif len(sc) >= cap:
-                    while True:  # the victim: first live block of the lowest bucket
-                        qv = bheap[0]
-                        dq = buckets[qv]
-                        while dq and sc.get(dq[0]) != qv:
-                            dq.popleft()
-                        if dq:
-                            break
-                        del buckets[qv]
-                        heapq.heappop(bheap)
+                    qv, dq = lowest(sc, buckets, bheap)  # the victim heads dq
                     if q <= qv:
                         continue  # bypass, as the real cache
                     del sc[dq.popleft()]
@@ -197,15 +190,10 @@ class TauAdapter:
                     slot.append(b)
             hits[i] += h
             if compact:  # drop stale bucket entries
+                nb, nh = bucketize(sc)
                 buckets.clear()
-                for b, q in sc.items():
-                    slot = buckets.get(q)
-                    if slot is None:
-                        buckets[q] = deque((b,))
-                    else:
-                        slot.append(b)
-                bheap[:] = buckets
-                heapq.heapify(bheap)
+                buckets.update(nb)
+                bheap[:] = nh
         sb.clear()
         sv.clear()
         st.clear()

@@ -1,0 +1,43 @@
+"""The priority queue of the ``tierkv`` ranking: quantised keys, a FIFO of blocks per key, and a min-heap
+of the keys that have a FIFO (shared by the replay policy and the adaptive tau's shadow caches).
+
+``index`` maps each resident block to its current quantised key. Re-keying a block appends it to its new
+key's FIFO and leaves a stale entry behind, skipped when met (an entry is live when ``index`` still maps
+the block to that key); :func:`bucketize` rebuilds without the stale entries. An access costs O(1)
+dict/deque operations instead of a heap push of a tuple.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+__all__ = ["bucketize", "lowest"]
+
+
+def lowest(index: dict[int, int], buckets: dict[int, deque[int]], bheap: list[int]) -> tuple[int, deque[int]]:
+    """The lowest key with a live block and its FIFO, whose head is then that live block (the victim);
+    drops the stale entries and empty keys met on the way. ``index`` must not be empty."""
+    while True:
+        qv = bheap[0]
+        dq = buckets[qv]
+        while dq and index.get(dq[0]) != qv:
+            dq.popleft()
+        if dq:
+            return qv, dq
+        del buckets[qv]
+        heapq.heappop(bheap)
+
+
+def bucketize(index: dict[int, int]) -> tuple[dict[int, deque[int]], list[int]]:
+    """FIFOs and key heap rebuilt from ``index`` (no stale entries)."""
+    buckets: dict[int, deque[int]] = {}
+    for b, q in index.items():
+        dq = buckets.get(q)
+        if dq is None:
+            buckets[q] = deque((b,))
+        else:
+            dq.append(b)
+    bheap = list(buckets)
+    heapq.heapify(bheap)
+    return buckets, bheap
