@@ -12,7 +12,17 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-__all__ = ["bucketize", "lowest"]
+__all__ = ["bucketize", "lowest", "push"]
+
+
+def push(buckets: dict[int, deque[int]], bheap: list[int], block: int, q: int) -> None:
+    """Append ``block`` to key ``q``'s FIFO (the caller has set ``index[block] = q``)."""
+    dq = buckets.get(q)
+    if dq is None:
+        buckets[q] = deque((block,))
+        heapq.heappush(bheap, q)
+    else:
+        dq.append(block)
 
 
 def lowest(index: dict[int, int], buckets: dict[int, deque[int]], bheap: list[int]) -> tuple[int, deque[int]]:

@@ -35,7 +35,7 @@ from typing import Protocol
 import numpy as np
 
 from .._errors import ConfigError
-from ._buckets import bucketize, lowest
+from ._buckets import bucketize, lowest, push
 from ._predictor import N_CELLS, PredictorConfig, ReusePredictor
 from ._response import ResponseModel, response_class
 from ._tau import TauAdapter
@@ -768,7 +768,7 @@ class TierKVPolicy:
             elif cache[b] == q:
                 continue
             cache[b] = q
-            slot = bget(q)
+            slot = bget(q)  # _buckets.push, inlined: once per access on the replay's hot path
             if slot is None:
                 buckets[q] = deque((b,))
                 heapq.heappush(bheap, q)
@@ -824,12 +824,7 @@ class TierKVPolicy:
             cache[b] = q
             if tl is not None:
                 tl[b] = t_done
-            slot = buckets.get(q)
-            if slot is None:
-                buckets[q] = deque((b,))
-                heapq.heappush(bheap, q)
-            else:
-                slot.append(b)
+            push(buckets, bheap, b, q)
             moved += 1
         self.entries += moved
         if self.entries > 4 * self.capacity + 4096:

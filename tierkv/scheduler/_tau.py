@@ -24,13 +24,12 @@ mini-caches are quantised FIFO buckets under a min-heap like the replay policy's
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from collections.abc import Sequence
 
 from .._errors import ConfigError
-from ._buckets import bucketize, lowest
+from ._buckets import bucketize, lowest, push
 
 __all__ = ["TauAdapter"]
 
@@ -182,12 +181,7 @@ class TauAdapter:
                         continue  # bypass, as the real cache
                     del sc[dq.popleft()]
                 sc[b] = q
-                slot = buckets.get(q)
-                if slot is None:
-                    buckets[q] = deque((b,))
-                    heapq.heappush(bheap, q)
-                else:
-                    slot.append(b)
+                push(buckets, bheap, b, q)
             hits[i] += h
             if compact:  # drop stale bucket entries
                 nb, nh = bucketize(sc)
