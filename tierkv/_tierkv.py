@@ -27,15 +27,17 @@ returning wrong bytes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
+import logging
 import re
 import struct
 import time
 import zlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +48,7 @@ import numpy as np
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
-from ._backend import Backend, BackendStats, SupportsContentHash, SupportsScan, SupportsTagLookup, TierKind
+from ._backend import Allocation, Backend, BackendStats, SupportsContentHash, SupportsScan, SupportsTagLookup, TierKind
 from ._config import Config
 from ._errors import (
     BackendError,
@@ -83,6 +85,7 @@ _ZERO16 = bytes(16)
 _CKPT_TAG = b"TKCKPT1"
 _CKPT_NAME = re.compile(r"^[0-9A-Za-z._-]{1,100}$")
 _ZERO32 = bytes(32)
+_log = logging.getLogger("tierkv")
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +237,9 @@ class _Entry:
         self.t_last = 0.0
         self.label: int | None = None
         self.p_pred = 0.0
-        self.exact = True  # False once a lossy codec re-encoded it (then its codec CRC guards it)
+        #: the raw bytes on exact tiers (checked against ``crc``) are the original bits; False once
+        #: they were rebuilt from a lossy copy. Copies on lossy tiers are guarded by their codec's CRC.
+        self.exact = True
         self.moving = False  # a relocation (move, promotion, demotion) holds it
 
 
@@ -257,6 +262,7 @@ class _Tier:
         "misses",
         "name",
         "promotions",
+        "room_lock",
     )
 
     def __init__(
@@ -283,6 +289,8 @@ class _Tier:
         self.breaker = breaker
         self.limiter = anyio.CapacityLimiter(transfers)
         self.codec: TierCodec | None = None
+        #: writers that must make room on this tier queue here (see TierKV._allocate_with_room)
+        self.room_lock = anyio.Lock()
 
     @property
     def healthy(self) -> bool:
@@ -290,8 +298,37 @@ class _Tier:
         return self.breaker.healthy
 
 
-def pack_tag(model_scope: bytes, tenant: bytes, parent: bytes, pos: int, crc: int, nbytes: int, root: bytes) -> bytes:
-    return _TAG.pack(_TAG_MAGIC, _TAG_VERSION, 0, model_scope[:16], tenant[:16], parent, pos, crc, nbytes, root[:8])
+#: tag flag: the block's raw bytes are a lossy codec's reconstruction, not the original bits
+_FLAG_INEXACT = 0x01
+
+
+def pack_tag(
+    model_scope: bytes,
+    tenant: bytes,
+    parent: bytes,
+    pos: int,
+    crc: int,
+    nbytes: int,
+    root: bytes,
+    *,
+    exact: bool = True,
+) -> bytes:
+    flags = 0 if exact else _FLAG_INEXACT
+    return _TAG.pack(_TAG_MAGIC, _TAG_VERSION, flags, model_scope[:16], tenant[:16], parent, pos, crc, nbytes, root[:8])
+
+
+def retag(tag: bytes, crc: int, *, exact: bool) -> bytes:
+    """``tag`` with another checksum of the raw bytes and exactness flag."""
+    parsed = unpack_tag(tag)
+    if parsed is None:
+        return tag
+    ms, tenant, parent, pos, _crc, nbytes, root = parsed
+    return pack_tag(ms, tenant, parent, pos, crc, nbytes, root, exact=exact)
+
+
+def tag_exact(tag: bytes) -> bool:
+    """Whether a tag says its block's raw bytes are the original bits."""
+    return len(tag) != _TAG.size or not tag[3] & _FLAG_INEXACT
 
 
 def unpack_tag(tag: bytes) -> tuple[bytes, bytes, bytes, int, int, int, bytes] | None:
@@ -375,6 +412,12 @@ class TierKV:
         self._staged: dict[str, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], str | None]] = {}
         #: blocks copied up from the checkpoint named by ``open(restore=...)``
         self.restored_blocks = 0
+        #: per tier: keys of checkpoint copies kept beside an entry's durable copy elsewhere
+        self._retained: dict[int, set[str]] = {}
+        #: per tier: checkpoint manifests written there (key -> bytes)
+        self._manifests: dict[int, dict[str, int]] = {}
+        #: background jobs that failed (the service logs, counts and traces them, and goes on)
+        self.failed_jobs = 0
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
@@ -650,21 +693,23 @@ class TierKV:
         holds a reservation for it."""
         e = self._index.get(key)
         if e is None:
-            ti = await self._write_to_fastest(key, data, tag, 0)
+            ti = await self._write_to_fastest(key, data, tag, 0, crc=crc)
             if ti is None:
                 return None
-            async with self._lock:
-                e = self._index.get(key)
-                if e is None:
-                    e = _Entry(key, ti, data.nbytes, tag, self._model_scope, tid, parent, pos, crc)
-                    e.label = label
-                    if self._tiers[ti].backend.capabilities.persistent:
-                        e.backing = ti
-                    self._adopt(e, root)
-                    self._tiers[ti].lru[key] = None
-                    written = True
-                else:
-                    written = False  # another task indexed it meanwhile (same key, same bytes)
+            e = self._index.get(key)
+            if e is None:
+                e = _Entry(key, ti, data.nbytes, tag, self._model_scope, tid, parent, pos, crc)
+                e.label = label
+                if self._tiers[ti].backend.capabilities.persistent:
+                    e.backing = ti
+                self._adopt(e, root)
+                self._tiers[ti].lru[key] = None
+                written = True
+            else:
+                # another task indexed it meanwhile (same key, same bytes): our copy on ``ti``
+                # is kept only if it is one of that entry's copies or can be its durable copy
+                await self._attach_copy(e, ti)
+                written = False
         else:
             written = False
         if durable and e.backing < 0:
@@ -706,28 +751,29 @@ class TierKV:
                     if not (t.healthy and t.backend.capabilities.persistent):
                         continue
                     try:
-                        placed = await self._write_to_fastest(key, data, tag, bi, only=True)
+                        placed = await self._write_to_fastest(key, data, tag, bi, only=True, crc=e.crc)
                     except CapacityError:
                         continue
                     if placed is None:
                         busy = True  # another put of the same block is writing it there
                         continue
-                    async with self._lock:
-                        if e.backing < 0:
-                            self._set_backing(e, bi)
+                    await self._attach_copy(e, bi)
                     break
-                if e.backing >= 0:
+                if e.backing >= 0 and self._index.get(key) is e:
                     return
                 if self._index.get(key) is not e:
                     # dropped meanwhile by capacity pressure: index it again, durably this time
-                    ti = await self._write_to_fastest(key, data, tag, 0)
+                    ti = await self._write_to_fastest(key, data, tag, 0, crc=e.crc)
                     if ti is not None:
-                        async with self._lock:
-                            if self._index.get(key) is None:
-                                self._adopt(e, b"")
-                                e.tier = ti
-                                e.backing = ti if self._tiers[ti].backend.capabilities.persistent else -1
-                                self._tiers[ti].lru[key] = None
+                        cur = self._index.get(key)
+                        if cur is None:
+                            e.tier, e.backing, e.pins, e.moving = ti, -1, 0, False
+                            if self._tiers[ti].backend.capabilities.persistent:
+                                e.backing = ti
+                            self._adopt(e, b"")
+                            self._tiers[ti].lru[key] = None
+                        else:
+                            await self._attach_copy(cur, ti)
                         e = self._index.get(key, e)
                     continue
                 if not busy:
@@ -735,13 +781,16 @@ class TierKV:
                 await anyio.sleep(0.005)
 
     async def _write_to_fastest(
-        self, key: str, data: memoryview, tag: bytes, start: int, *, only: bool = False
+        self, key: str, data: memoryview, tag: bytes, start: int, *, only: bool = False, crc: int | None = None
     ) -> int | None:
         """Write to the fastest healthy tier at or below ``start`` with room (only
         ``start`` with ``only``); None if a reservation for ``key`` exists elsewhere.
 
         New blocks are the most recently used, so when a tier is full (or too
-        fragmented) its least recently used blocks move down first.
+        fragmented) its lowest-ranked blocks move down first; the space made is
+        reserved for this write (:meth:`_allocate_with_room`). A copy the tier
+        already holds under ``key`` is adopted only after it verifies against
+        ``crc`` (the raw bytes' checksum); otherwise it is replaced.
         """
         last_exc: BaseException | None = None
         for ti in [start] if only else range(start, len(self._tiers)):
@@ -749,18 +798,20 @@ class TierKV:
             if not t.healthy:
                 continue
             payload = await self._encode_for(ti, data)
-            for attempt in range(2):
+            for _attempt in range(2):
                 try:
-                    alloc = await t.backend.allocate(key, payload.nbytes, tag=tag)
+                    alloc = await self._allocate_with_room(ti, key, payload.nbytes, tag)
                 except BlockExistsError:
-                    if await t.backend.contains(key):
+                    if not await t.backend.contains(key):
+                        return None  # only reserved: another task is writing it right now
+                    if await self._verify_copy(ti, key, data.nbytes, crc):
                         return ti  # committed earlier (e.g. a write-through copy): adopt it
-                    return None
+                    if self._index.get(key) is not None:
+                        return None  # indexed meanwhile by another task: theirs now
+                    await self._drop_copy(ti, key)  # corrupt or truncated: replace it
+                    continue
                 except CapacityError as exc:
                     last_exc = exc
-                    if attempt == 0 and t.backend.stats().capacity_bytes >= data.nbytes:
-                        await self._shed(ti, data.nbytes)
-                        continue
                     break
                 except BackendError as exc:
                     self._tier_failed(ti, exc)
@@ -780,6 +831,67 @@ class TierKV:
         if isinstance(last_exc, CapacityError) or last_exc is None:
             raise CapacityError(f"no tier has room for a block of {data.nbytes} bytes") from last_exc
         raise last_exc
+
+    async def _allocate_with_room(self, ti: int, key: str, nbytes: int, tag: bytes) -> Allocation:
+        """Allocate ``nbytes`` for ``key`` on tier ``ti``, shedding its lowest-ranked blocks
+        when it is full. Writers that had to make room queue on the tier's room lock and
+        each allocates right after its own shedding, so the space made for a write goes to
+        that write; concurrent writers never fail for each other's freed space. Raises
+        CapacityError only when the tier cannot hold the block: bigger than the tier, or
+        nothing left to shed (everything pinned or being relocated)."""
+        t = self._tiers[ti]
+        try:
+            return await t.backend.allocate(key, nbytes, tag=tag)
+        except CapacityError:
+            if t.backend.stats().capacity_bytes < nbytes:
+                raise
+        async with t.room_lock:
+            while True:
+                try:
+                    return await t.backend.allocate(key, nbytes, tag=tag)
+                except CapacityError:
+                    if await self._shed(ti, nbytes) <= 0:
+                        raise
+
+    async def _verify_copy(self, ti: int, key: str, nbytes: int, crc: int | None) -> bool:
+        """Whether tier ``ti``'s committed copy of ``key`` reads back whole and, for an exact
+        copy, matches ``crc`` (a lossy tier's copy is checked by its codec's own checksum)."""
+        if crc is None:
+            return True
+        try:
+            raw = await self._read_raw(ti, key)
+        except (BlockNotFoundError, IntegrityError):
+            return False
+        if len(raw) != nbytes:
+            return False
+        return not self._exact_tier(ti) or zlib.crc32(raw) == crc
+
+    async def _drop_copy(self, ti: int, key: str) -> None:
+        """Evict tier ``ti``'s copy of ``key`` (an unindexed or superseded copy), shielded."""
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._tiers[ti].backend.evict(key)
+            except BackendError as exc:
+                self._tier_failed(ti, exc)
+
+    def _exact_tier(self, ti: int) -> bool:
+        """Whether tier ``ti`` stores raw bytes exactly (no codec, or a lossless one)."""
+        c = self._tiers[ti].codec
+        return c is None or c.lossless
+
+    async def _attach_copy(self, e: _Entry, ti: int) -> None:
+        """Account for a copy of ``e`` just committed on tier ``ti``: every byte a tier holds is
+        either indexed or freed. The copy is kept when it is one of ``e``'s copies already
+        (serving or durable) or can become its missing durable copy (a healthy persistent
+        tier below the serving one); otherwise (``e`` left the index meanwhile, or already
+        has a durable copy elsewhere) it is evicted at once."""
+        if self._index.get(e.key) is e:
+            if ti in (e.tier, e.backing):
+                return
+            if e.backing < 0 and ti > e.tier and self._tiers[ti].backend.capabilities.persistent:
+                self._set_backing(e, ti)
+                return
+        await self._drop_copy(ti, e.key)
 
     def _codec_name(self, ti: int) -> str:
         c = self._tiers[ti].codec
@@ -830,13 +942,6 @@ class TierKV:
 
     async def _read_raw(self, ti: int, key: str) -> memoryview:
         return await self._decoded(ti, key, await self._tiers[ti].backend.read(key))
-
-    async def _put_copy(self, ti: int, key: str, raw: memoryview, tag: bytes) -> None:
-        """Allocate and write one block's copy on tier ``ti`` (encoded for it)."""
-        payload = await self._encode_for(ti, raw)
-        backend = self._tiers[ti].backend
-        alloc = await backend.allocate(key, payload.nbytes, tag=tag)
-        await backend.write(alloc, payload)
 
     def _tier_failed(self, ti: int, exc: BaseException) -> None:
         """Feed the tier's circuit breaker with a device failure; an open breaker
@@ -908,42 +1013,73 @@ class TierKV:
         keyed.sort()
         return [k for _, _, k in keyed] + backed
 
-    async def _shed(self, ti: int, need: int) -> None:
+    async def _shed(self, ti: int, need: int) -> int:
+        """Move (or, at the bottom, drop) enough of tier ``ti``'s lowest-ranked blocks to free
+        ``need`` bytes there; returns the bytes actually freed on ``ti``.
+
+        Victims are entry objects chosen in one synchronous step: pinned blocks and blocks
+        another task is relocating are skipped, and a victim that left the index or tier
+        ``ti`` before its turn is passed over (a concurrent invalidate, evict or move).
+        The relocations are shielded: a cancelled caller never leaves half a move behind."""
         tier = self._tiers[ti]
-        async with self._lock:
-            sizes = {k: self._index[k].nbytes for k in (*tier.lru, *tier.backed) if k in self._index}
-            pinned = [k for k in sizes if self._index[k].pins]
-            victims = select_victims(self._eviction_order(ti), sizes, need, pinned)
-            for k in victims:
-                self._index[k].pins += 1
+        index = self._index
+        sizes: dict[str, int] = {}
+        busy: list[str] = []
+        for k in (*tier.lru, *tier.backed):
+            e = index.get(k)
+            if e is None:
+                continue
+            sizes[k] = e.nbytes
+            if e.pins or e.moving:
+                busy.append(k)
+        chosen = select_victims(self._eviction_order(ti), sizes, need, busy)
+        victims = [index[k] for k in chosen]
+        freed = 0
+        with self._pinned(victims), anyio.CancelScope(shield=True):
+            dest = lower_tier(self._loads(), ti)
+            for e in victims:
+                if index.get(e.key) is not e:
+                    continue  # left the index meanwhile
+                if e.tier != ti:
+                    if e.backing == ti and await self._shed_durable_copy(e, ti, dest):
+                        freed += e.nbytes
+                    continue
+                self._prefetch_wasted(e)
+                if e.backing > ti:  # a durable copy exists below: just drop this one
+                    if await self._demote_to_backing(e):
+                        self._decided("demote", e, ti, e.backing, "watermark: durable copy below")
+                        freed += e.nbytes
+                    continue
+                if dest is not None:
+                    if await self._move(e, ti, dest):
+                        self._decided("demote", e, ti, dest, "watermark")
+                        freed += e.nbytes
+                    # else: no room below right now (or another task is writing it there):
+                    # keep the block where it is rather than lose it
+                    continue
+                if e.moving:
+                    continue
+                self._decided("evict", e, ti, -1, "watermark at the bottom tier")
+                await self._drop(e)
+                freed += e.nbytes
+        return freed
+
+    @contextlib.contextmanager
+    def _pinned(self, entries: Sequence[_Entry]) -> Iterator[None]:
+        """Pin ``entries`` for the duration of the ``with`` block: the one pin helper.
+
+        A pinned block is never chosen as a victim, invalidated or flushed. Pinning and
+        unpinning never await, so neither can be cancelled or interleaved with another
+        task; pins belong to the entry *objects* (a block re-put meanwhile under the same
+        key is another entry and is not touched)."""
+        pinned = list(entries)
+        for e in pinned:
+            e.pins += 1
         try:
-            with anyio.CancelScope(shield=True):
-                dest = lower_tier(self._loads(), ti)
-                for k in victims:
-                    e = self._index[k]
-                    if e.tier != ti:
-                        if e.backing == ti:
-                            await self._shed_durable_copy(e, ti, dest)
-                        continue
-                    self._prefetch_wasted(e)
-                    if e.backing > ti:  # a durable copy exists below: just drop this one
-                        if await self._demote_to_backing(e):
-                            self._decided("demote", e, ti, e.backing, "watermark: durable copy below")
-                        continue
-                    if dest is not None:
-                        if await self._move(e, ti, dest):
-                            self._decided("demote", e, ti, dest, "watermark")
-                        # else: no room below right now (or another task is writing it there):
-                        # keep the block where it is rather than lose it
-                        continue
-                    self._decided("evict", e, ti, -1, "watermark at the bottom tier")
-                    await self._drop(e)
+            yield
         finally:
-            async with self._lock:
-                for k in victims:
-                    e2 = self._index.get(k)
-                    if e2 is not None:
-                        e2.pins -= 1
+            for e in pinned:
+                e.pins -= 1
 
     def _decided(self, kind: str, e: _Entry, src: int, dst: int, reason: str) -> None:
         """Count and trace one placement decision with the predictor's view of the block."""
@@ -987,26 +1123,28 @@ class TierKV:
             )
         tel.decision(kind, attrs)
 
-    async def _shed_durable_copy(self, e: _Entry, ti: int, dest: int | None) -> None:
+    async def _shed_durable_copy(self, e: _Entry, ti: int, dest: int | None) -> bool:
         """Move the durable copy of a block served elsewhere down to the next
         persistent tier; with none below (or no room), drop it (the block stays
-        cached, no longer durable)."""
+        cached, no longer durable). True if tier ``ti`` no longer holds it."""
         if not await self._claim(e, e.tier):
-            return
+            return False
         try:
-            await self._shed_durable_copy_claimed(e, ti, dest)
+            return await self._shed_durable_copy_claimed(e, ti, dest)
         finally:
             e.moving = False
 
-    async def _shed_durable_copy_claimed(self, e: _Entry, ti: int, dest: int | None) -> None:
+    async def _shed_durable_copy_claimed(self, e: _Entry, ti: int, dest: int | None) -> bool:
         moved = False
         if e.backing != ti:
-            return
+            return False
         if dest is not None and self._tiers[dest].backend.capabilities.persistent:
             try:
-                data = await self._read_raw(ti, e.key)
-                await self._make_room(dest, e.nbytes)
-                await self._put_copy(dest, e.key, data, e.tag)
+                data, tag = await self._copy_bytes(e, ti, dest)
+                payload = await self._encode_for(dest, data)
+                alloc = await self._allocate_with_room(dest, e.key, payload.nbytes, tag)
+                await self._tiers[dest].backend.write(alloc, payload)
+                self._commit_copy_bytes(e, tag)
                 moved = True
             except (BlockNotFoundError, IntegrityError, CapacityError, BlockExistsError):
                 moved = False
@@ -1014,6 +1152,7 @@ class TierKV:
             self._set_backing(e, dest if moved and dest is not None else -1)
         await self._tiers[ti].backend.evict(e.key)
         self._decided("demote" if moved else "evict", e, ti, dest if moved and dest is not None else -1, "durable copy")
+        return True
 
     async def _demote_to_backing(self, e: _Entry) -> bool:
         old = e.tier
@@ -1052,7 +1191,7 @@ class TierKV:
         placed on ``dst`` (no room, or another task is writing it there)."""
         s, d = self._tiers[src], self._tiers[dst]
         try:
-            data = await self._read_raw(src, e.key)
+            data, tag = await self._copy_bytes(e, src, dst)
         except (BlockNotFoundError, IntegrityError):
             if e.tier != src or self._index.get(e.key) is not e:
                 return True  # moved or removed by another task meanwhile
@@ -1065,28 +1204,56 @@ class TierKV:
         s.bytes_out += len(data)
         self._tel.bytes_read.add(len(data), {"tier": s.name})
         try:
-            await self._make_room(dst, e.nbytes)
             payload = await self._encode_for(dst, data)
-            alloc = await d.backend.allocate(e.key, payload.nbytes, tag=e.tag)
+            alloc = await self._allocate_with_room(dst, e.key, payload.nbytes, tag)
         except BlockExistsError:
             if not await d.backend.contains(e.key):
                 return False  # only reserved there by another task: not a copy yet
+            if e.backing != dst and not await self._verify_copy(dst, e.key, e.nbytes, e.crc):
+                return False
         except CapacityError:
             return False
         else:
             await d.backend.write(alloc, payload)
-            if d.codec is not None and not d.codec.lossless:
-                e.exact = False
             d.bytes_in += e.nbytes
             self._tel.bytes_written.add(e.nbytes, {"tier": d.name})
-        async with self._lock:
-            s.lru.pop(e.key, None)
-            e.tier = dst
-            if e.backing == src or (e.backing < 0 and d.backend.capabilities.persistent):
-                self._set_backing(e, dst if d.backend.capabilities.persistent else -1)
-            d.lru[e.key] = None
+        self._commit_copy_bytes(e, tag)
+        if self._index.get(e.key) is not e:
+            await self._drop_copy(dst, e.key)  # dropped meanwhile: nothing to move any more
+            return True
+        s.lru.pop(e.key, None)
+        e.tier = dst
+        if e.backing == src or (e.backing < 0 and d.backend.capabilities.persistent):
+            self._set_backing(e, dst if d.backend.capabilities.persistent else -1)
+        d.lru[e.key] = None
         await s.backend.evict(e.key)
         return True
+
+    async def _copy_bytes(self, e: _Entry, src: int, dst: int) -> tuple[memoryview, bytes]:
+        """The raw bytes of ``e`` for a new copy on ``dst``, read from ``src`` (or from its
+        exact durable copy when ``src`` stores a lossy encoding), and the tag that copy
+        carries. Exact tiers of one entry always hold the same bytes, checked against
+        ``e.crc``: when the only source is a lossy copy and ``dst`` stores raw bytes, its
+        reconstruction becomes the entry's raw bytes (new checksum, ``exact=False``, the
+        tag's inexact flag), applied by :meth:`_commit_copy_bytes` once written."""
+        if not self._exact_tier(src):
+            for alt in (e.tier, e.backing):
+                if alt >= 0 and alt != src and self._exact_tier(alt):
+                    src = alt
+                    break
+        data = await self._read_raw(src, e.key)
+        if self._exact_tier(src) or not self._exact_tier(dst):
+            return data, e.tag
+        return data, retag(e.tag, zlib.crc32(data), exact=False)
+
+    def _commit_copy_bytes(self, e: _Entry, tag: bytes) -> None:
+        """Adopt the checksum and exactness ``tag`` states for ``e``'s raw copies."""
+        if tag != e.tag:
+            parsed = unpack_tag(tag)
+            if parsed is not None:
+                e.crc = parsed[4]
+            e.exact = tag_exact(tag)
+            e.tag = tag
 
     def _set_backing(self, e: _Entry, ti: int) -> None:
         """Point the durable copy of ``e`` at tier ``ti`` (-1: none), keeping each
@@ -1117,6 +1284,10 @@ class TierKV:
             await self._tiers[e.tier].backend.evict(e.key)
             if e.backing >= 0 and e.backing != e.tier:
                 await self._tiers[e.backing].backend.evict(e.key)
+            for ti, keys in self._retained.items():
+                if e.key in keys:
+                    keys.discard(e.key)
+                    await self._drop_copy(ti, e.key)
 
     def _prefetch_wasted(self, e: _Entry) -> None:
         """A prefetched block that leaves its tier before any hit was wasted."""
@@ -1273,17 +1444,10 @@ class TierKV:
             found, reason = self._walk(keys)
             if reason == "never_stored":
                 await self._adopt_shared(keys, len(found), tid)
-            async with self._lock:
-                entries, reason = self._walk(keys)
-                for e in entries:
-                    e.pins += 1
+            entries, reason = self._walk(keys)
+            with self._pinned(entries):
                 self._record_access(entries, len(keys), len(entries))
-            try:
                 result = await self._admitted_fetch(entries, len(keys), out, arr, reason)
-            finally:
-                async with self._lock:
-                    for e in entries:
-                        e.pins -= 1
             self._after_get(result, entries, tid, span, len(arr))
         return result
 
@@ -1482,7 +1646,7 @@ class TierKV:
             for i, (e, d) in enumerate(zip(entries, datas, strict=True)):
                 if isinstance(d, BaseException):
                     return i
-                if len(d) != e.nbytes or (e.exact and zlib.crc32(d) != e.crc):
+                if len(d) != e.nbytes or (self._exact_tier(served[i]) and zlib.crc32(d) != e.crc):
                     datas[i] = IntegrityError(f"block {e.key[:16]} failed its CRC check", tier=self._tiers[e.tier].name)
                     return i
                 blk = np.frombuffer(d, dtype=self._dtype).reshape(self._block_shape)
@@ -1531,7 +1695,7 @@ class TierKV:
             return GetResult(0, None, (), miss_reason)
         used = set(served[:good])
         tiers = tuple(t.name for i, t in enumerate(self._tiers) if i in used)
-        exact = all(e.exact for e in entries[:good])
+        exact = all(e.exact and self._exact_tier(ti) for e, ti in zip(entries[:good], served[:good], strict=True))
         if out is not None:
             return GetResult(good * bt, out, tiers, miss_reason, exact=exact)
         result = target if good == n else np.ascontiguousarray(target[block_slice(self._spec, 0, good * bt)])
@@ -1646,17 +1810,19 @@ class TierKV:
                     await self._promote_if_room(e, dst, "prefetch" if kind == "prefetch" else "value")
             elif kind == "reserve":
                 await self._make_room(0, int(job[1]))
-        except TierKVError as exc:  # a failed background job never kills the service
-            self._tel.decision("job_failed", {"tierkv.job": str(job[0]), "tierkv.reason": str(exc)[:200]})
+        except Exception as exc:  # a failed background job never kills the service
+            self.failed_jobs += 1
+            _log.warning("tierkv: background job %s failed: %s: %s", job[0], type(exc).__name__, exc, exc_info=exc)
+            self._tel.decision(
+                "job_failed", {"tierkv.job": str(job[0]), "tierkv.reason": f"{type(exc).__name__}: {exc}"[:200]}
+            )
         finally:
             self._pending_jobs.discard(job)
 
     async def _promote_if_room(self, e: _Entry, dst: int, reason: str) -> bool:
-        async with self._lock:
-            if self._index.get(e.key) is not e or e.tier <= dst:
-                return False
-            e.pins += 1
-        try:
+        if self._index.get(e.key) is not e or e.tier <= dst:
+            return False
+        with self._pinned([e]):
             src = e.tier
             await self._make_room(dst, e.nbytes)
             ok = await self._promote(e, dst)
@@ -1666,9 +1832,6 @@ class TierKV:
                     self._prefetched.add(e.key)
                     self.prefetch_stats["issued"] += 1
             return ok
-        finally:
-            async with self._lock:
-                e.pins -= 1
 
     async def _probe_loop(self) -> None:
         """Probe unhealthy tiers once their breaker's cooldown has passed."""
@@ -1892,35 +2055,30 @@ class TierKV:
         ci = self._checkpoint_tier()
         ct = self._tiers[ci]
         before = ct.backend.stats().used_bytes
-        async with self._lock:
-            order: list[_Entry] = []
-            for t in self._tiers:  # hottest first: fastest tier, most recent first
-                order.extend(self._index[k] for k in reversed(t.lru) if k in self._index)
-            for e in order:
-                e.pins += 1
+        order: list[_Entry] = []
+        for t in self._tiers:  # hottest first: fastest tier, most recent first
+            order.extend(self._index[k] for k in reversed(t.lru) if k in self._index)
         copied = 0
         rows: list[dict[str, Any]] = []
-        try:
+        with self._pinned(order):
             for e in order:
                 if e.tier != ci and e.backing != ci:
                     try:
                         data = await self._read_raw(e.tier, e.key)
                     except (BlockNotFoundError, IntegrityError):
                         continue
-                    if await self._write_to_fastest(e.key, data, e.tag, ci, only=True) is None:
+                    if await self._write_to_fastest(e.key, data, e.tag, ci, only=True, crc=e.crc) is None:
                         continue
                     copied += e.nbytes
-                    if e.backing < 0:
-                        async with self._lock:
-                            self._set_backing(e, ci)
+                    if self._index.get(e.key) is e and e.backing < 0:
+                        self._set_backing(e, ci)
+                    elif ci not in (e.tier, e.backing):
+                        # durable elsewhere already: this copy is the manifest's (kept, accounted)
+                        self._retained.setdefault(ci, set()).add(e.key)
                 sha = ""
                 if isinstance(ct.backend, SupportsContentHash):
                     sha = await ct.backend.content_hash(e.key) or ""
                 rows.append({"key": e.key, "sha256": sha, "nbytes": e.nbytes, "tag": e.tag.hex()})
-        finally:
-            async with self._lock:
-                for e in order:
-                    e.pins -= 1
         manifest = json.dumps(
             {
                 "format": "tierkv.checkpoint",
@@ -1936,8 +2094,10 @@ class TierKV:
         key = f"ckpt.{name}"
         with anyio.CancelScope(shield=True):
             await ct.backend.evict(key)
+            self._manifests.setdefault(ci, {}).pop(key, None)
             alloc = await ct.backend.allocate(key, len(manifest), tag=_CKPT_TAG)
             await ct.backend.write(alloc, manifest)
+            self._manifests[ci][key] = len(manifest)
         logical = sum(int(r["nbytes"]) for r in rows)
         return CheckpointResult(
             name=name,
@@ -2002,33 +2162,29 @@ class TierKV:
         durable copy, a volatile one is evicted. False if it did not fit."""
         src = e.tier
         dst_backend = self._tiers[dst].backend
-        try:
-            data = await self._read_raw(src, e.key)
-            payload = await self._encode_for(dst, data)
-            try:
-                alloc = await dst_backend.allocate(e.key, payload.nbytes, tag=e.tag)
-            except CapacityError:
-                # free bytes may be fragmented (size classes): shed, then try once more
-                if dst_backend.stats().capacity_bytes < payload.nbytes:
-                    raise
-                await self._shed(dst, payload.nbytes)
-                alloc = await dst_backend.allocate(e.key, payload.nbytes, tag=e.tag)
-        except (BlockNotFoundError, CapacityError, BlockExistsError, IntegrityError):
-            return False
         with anyio.CancelScope(shield=True):
-            await self._tiers[dst].backend.write(alloc, payload)
+            try:
+                data, tag = await self._copy_bytes(e, src, dst)
+                payload = await self._encode_for(dst, data)
+                alloc = await self._allocate_with_room(dst, e.key, payload.nbytes, tag)
+            except (BlockNotFoundError, CapacityError, BlockExistsError, IntegrityError):
+                return False
+            await dst_backend.write(alloc, payload)
             self._tiers[dst].bytes_in += e.nbytes
             self._tiers[src].bytes_out += e.nbytes
             self._tel.bytes_written.add(e.nbytes, {"tier": self._tiers[dst].name})
             self._tel.bytes_read.add(e.nbytes, {"tier": self._tiers[src].name})
-            async with self._lock:
-                self._tiers[src].lru.pop(e.key, None)
-                e.tier = dst
-                self._tiers[dst].lru[e.key] = None
-                self._tiers[dst].promotions += 1
-                if e.backing == src:
-                    self._tiers[src].backed.add(e.key)  # stays as the durable copy
-            if e.backing != src:
+            if self._index.get(e.key) is not e or e.tier != src:
+                await self._drop_copy(dst, e.key)
+                return False
+            self._commit_copy_bytes(e, tag)
+            self._tiers[src].lru.pop(e.key, None)
+            e.tier = dst
+            self._tiers[dst].lru[e.key] = None
+            self._tiers[dst].promotions += 1
+            if e.backing == src:
+                self._tiers[src].backed.add(e.key)  # stays as the durable copy
+            else:
                 await self._tiers[src].backend.evict(e.key)
         return True
 
@@ -2112,6 +2268,57 @@ class TierKV:
             )
         return out
 
+    def invariant_violations(self, *, quiescent: bool = True) -> list[str]:
+        """Check the index against the tiers (no I/O); returns what is wrong, empty when sound.
+
+        Always: no entry has a negative pin count; each tier's serving and durable copies
+        are indexed only once. With ``quiescent`` (no operation in flight, e.g. after a
+        concurrency run has joined its tasks): every pin is released, no relocation claim
+        is held, each tier holds exactly the blocks the index places on it (serving copies,
+        durable copies, checkpoint copies and manifests) and no reservation, and for a tier
+        without a codec its ``details["logical_bytes"]`` equals the indexed bytes."""
+        out: list[str] = []
+        expect_blocks = [0] * len(self._tiers)
+        expect_bytes = [0] * len(self._tiers)
+        for k, e in self._index.items():
+            if e.key != k:
+                out.append(f"entry {k[:16]} indexed under another key {e.key[:16]}")
+            if e.pins < 0 or (quiescent and e.pins):
+                out.append(f"block {k[:16]} has pins == {e.pins}")
+            if quiescent and e.moving:
+                out.append(f"block {k[:16]} still claimed for a relocation")
+            for ti in {e.tier, e.backing} - {-1}:
+                expect_blocks[ti] += 1
+                expect_bytes[ti] += e.nbytes
+            if k not in self._tiers[e.tier].lru:
+                out.append(f"block {k[:16]} missing from tier {self._tiers[e.tier].name}'s order")
+            if e.backing >= 0 and e.backing != e.tier and k not in self._tiers[e.backing].backed:
+                out.append(f"block {k[:16]}'s durable copy missing from tier {self._tiers[e.backing].name}'s set")
+        for ti, keys in self._retained.items():
+            for k in keys:
+                r = self._index.get(k)
+                if r is None or ti not in (r.tier, r.backing):
+                    expect_blocks[ti] += 1
+        for ti, names in self._manifests.items():
+            expect_blocks[ti] += len(names)
+            expect_bytes[ti] += sum(names.values())
+        for ti, t in enumerate(self._tiers):
+            stray = [k for k in t.lru if (s_ := self._index.get(k)) is None or s_.tier != ti]
+            stray += [k for k in t.backed if (b_ := self._index.get(k)) is None or b_.backing != ti]
+            if stray:
+                out.append(f"tier {t.name}: {len(stray)} keys in its bookkeeping are not indexed there")
+            if not quiescent:
+                continue
+            st = t.backend.stats()
+            if st.blocks != expect_blocks[ti]:
+                out.append(f"tier {t.name}: holds {st.blocks} blocks, the index places {expect_blocks[ti]} there")
+            if st.reserved_bytes:
+                out.append(f"tier {t.name}: {st.reserved_bytes} bytes still reserved")
+            logical = st.details.get("logical_bytes")
+            if t.codec is None and isinstance(logical, int) and logical != expect_bytes[ti]:
+                out.append(f"tier {t.name}: holds {logical} logical bytes, the index places {expect_bytes[ti]} there")
+        return out
+
     # --------------------------------------------------------------- recovery
     async def _recover(self) -> None:
         """Rebuild the index from persistent tiers: the fastest copy serves, the
@@ -2122,14 +2329,17 @@ class TierKV:
             for info in await t.backend.scan():
                 parsed = unpack_tag(info.tag)
                 if parsed is None:
-                    continue  # not a tierkv block (a checkpoint manifest, another user's object)
+                    # not a tierkv block (a checkpoint manifest, another user's object): kept, accounted
+                    self._manifests.setdefault(ti, {})[info.key] = info.nbytes
+                    continue
                 ms, tenant, parent, pos, crc, nbytes, root = parsed
                 if nbytes != info.nbytes and t.codec is None:
+                    await self._drop_copy(ti, info.key)  # truncated or foreign: never served, freed
                     continue
                 e = self._index.get(info.key)
                 if e is None:
                     e = _Entry(info.key, ti, nbytes, info.tag, ms, tenant, parent, pos, crc)
-                    e.exact = t.codec is None or t.codec.lossless
+                    e.exact = tag_exact(info.tag)
                     e.backing = ti
                     self._adopt(e, root)
                     t.lru[info.key] = None

@@ -1,0 +1,243 @@
+"""Concurrency and cancellation defects driven through the public API (asyncio and trio).
+
+Each test drives :class:`TierKV` the way a hostile but ordinary user would (many tasks,
+cancellation at random points, small capacities, the scheduler service running) and ends
+by asserting the invariants: pins all released, each tier's blocks and bytes equal to what
+the index places there, every returned byte equal to what was put.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import numpy as np
+import pytest
+
+from tierkv import CapacityError, TierKV, TierKVError
+
+pytestmark = pytest.mark.anyio
+
+HF = json.loads((Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text())
+BT = 16
+BLOCK = 30 * 2 * BT * 3 * 64 * 2  # bytes of one block
+
+
+@functools.cache
+def _family_kv(family: int) -> np.ndarray:
+    rng = np.random.default_rng(1000 + family)
+    return rng.standard_normal((30, 2, 6 * BT, 3, 64)).astype(np.float16)
+
+
+def base_kv(family: int, n: int) -> np.ndarray:
+    """The KV of prefix ``n`` of family ``family``'s base prompt (a function of the prefix)."""
+    return np.ascontiguousarray(_family_kv(family)[:, :, :n])
+
+
+def base_tokens(family: int, n: int) -> list[int]:
+    return [family * 100_000 + i for i in range(n)]
+
+
+def config(tmp_path: Path, tiers: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    cfg: dict[str, Any] = {
+        "model": {"name": "smol", "revision": "test", "hf_config": HF},
+        "kv_dtype": "float16",
+        "block_tokens": BT,
+        "tiers": tiers,
+    }
+    cfg.update(extra)
+    return cfg
+
+
+def pfs_tier(tmp_path: Path, capacity: int | str) -> dict[str, Any]:
+    return {"name": "pfs", "backend": "pfs", "path": str(tmp_path / "pfs"), "capacity": capacity}
+
+
+def assert_sound(kv: TierKV) -> None:
+    problems = kv.invariant_violations()
+    assert problems == [], problems
+
+
+@contextlib.asynccontextmanager
+async def serving(cfg: dict[str, Any]) -> AsyncIterator[TierKV]:
+    """A TierKV with its scheduler service running; on exit the service is stopped, the
+    invariants are asserted with nothing in flight (before close frees volatile tiers)."""
+    kv = await TierKV.open(cfg)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(kv.run_scheduler)
+            yield kv
+            tg.cancel_scope.cancel()
+        assert_sound(kv)
+    finally:
+        await kv.aclose()
+
+
+async def test_cancelled_gets_release_their_pins(tmp_path: Path) -> None:
+    """A get cancelled at any point releases its pins (the release never awaits)."""
+    cfg = config(tmp_path, [pfs_tier(tmp_path, "64MiB")])
+    async with await TierKV.open(cfg) as kv:
+        toks = base_tokens(1, 4 * BT)
+        await kv.put(toks, base_kv(1, 4 * BT))
+        rng = random.Random(7)
+        cancelled = 0
+        for _ in range(300):
+            with anyio.move_on_after(rng.uniform(0, 0.003)) as scope:
+                await kv.get(toks)
+            cancelled += scope.cancelled_caught
+        assert cancelled > 0
+        assert_sound(kv)
+        # nothing is pinned any more, so every block can be invalidated
+        assert await kv.invalidate() == 4
+        assert (await kv.lookup(toks)).tokens == 0
+
+
+async def test_concurrent_writers_never_fail_for_each_others_space(tmp_path: Path) -> None:
+    """With nothing pinned and an evictable bottom tier, no put fails for lack of room."""
+    for writers in (8, 32):
+        sub = tmp_path / f"w{writers}"
+        cfg = config(
+            sub,
+            [
+                {"name": "dram", "backend": "dram", "capacity": 6 * BLOCK},
+                pfs_tier(sub, 20 * BLOCK),
+            ],
+        )
+        errors: list[BaseException] = []
+        async with serving(cfg) as kv:
+
+            async def writer(w: int, errors: list[BaseException] = errors) -> None:
+                for r in range(4):
+                    fam = w * 10 + r
+                    try:
+                        await kv.put(base_tokens(fam, 3 * BT), base_kv(fam, 3 * BT))
+                    except CapacityError as exc:
+                        errors.append(exc)
+
+            async with anyio.create_task_group() as tg:
+                for w in range(writers):
+                    tg.start_soon(writer, w)
+            assert errors == [], f"{len(errors)} CapacityError with {writers} writers: {errors[0]}"
+
+
+async def test_service_survives_victims_leaving_the_index(tmp_path: Path) -> None:
+    """Victims chosen for shedding may be invalidated, evicted or moved before their turn:
+    no untyped error reaches a caller and the service task group never dies."""
+    cfg = config(
+        tmp_path,
+        [
+            {"name": "dram", "backend": "dram", "capacity": 4 * BLOCK},
+            pfs_tier(tmp_path, 10 * BLOCK),
+        ],
+    )
+    untyped: list[BaseException] = []
+    async with serving(cfg) as kv:
+
+        async def worker(w: int) -> None:
+            rng = random.Random(w)
+            for _ in range(25):
+                fam = rng.randrange(12)
+                n = rng.randrange(1, 4) * BT
+                op = rng.random()
+                try:
+                    if op < 0.45:
+                        await kv.put(base_tokens(fam, n), base_kv(fam, n))
+                    elif op < 0.85:
+                        g = await kv.get(base_tokens(fam, n))
+                        if g.tokens:
+                            assert g.kv.tobytes() == base_kv(fam, g.tokens).tobytes()
+                    elif op < 0.95:
+                        await kv.lookup(base_tokens(fam, n))
+                    else:
+                        await kv.invalidate()
+                except TierKVError:
+                    pass
+                except Exception as exc:
+                    untyped.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for w in range(48):
+                tg.start_soon(worker, w)
+        assert untyped == []
+        assert kv.failed_jobs == 0
+
+
+async def run_random_workload(tmp_path: Path, *, tasks: int, seconds: float, seed: int) -> dict[str, int]:
+    """The randomized concurrency run of the acceptance list: dram + nvme + pfs at small
+    capacities, the service running, put/get/lookup/invalidate with tiny deadlines."""
+    cfg = config(
+        tmp_path,
+        [
+            {"name": "dram", "backend": "dram", "capacity": 6 * BLOCK},
+            {
+                "name": "nvme",
+                "backend": "nvme",
+                "path": str(tmp_path / "nvme"),
+                "capacity": 8 * 512 * 1024,
+                "slot_bytes": "512KiB",
+            },
+            pfs_tier(tmp_path, 16 * BLOCK),
+        ],
+    )
+    counts = {"ops": 0, "cancelled": 0, "typed_errors": 0, "hits": 0}
+    wrong: list[str] = []
+    untyped: list[BaseException] = []
+    async with serving(cfg) as kv:
+        deadline = anyio.current_time() + seconds
+
+        async def worker(w: int) -> None:
+            rng = random.Random(seed * 1000 + w)
+            while anyio.current_time() < deadline:
+                fam = rng.randrange(24)
+                n = rng.randrange(1, 5) * BT + rng.randrange(BT)
+                op = rng.random()
+                budget = rng.choice([None, None, rng.uniform(0, 0.004)])
+                counts["ops"] += 1
+                try:
+                    with anyio.move_on_after(budget if budget is not None else 30) as scope:
+                        if op < 0.4:
+                            await kv.put(base_tokens(fam, n), base_kv(fam, n), durable=rng.random() < 0.2)
+                        elif op < 0.8:
+                            out = np.zeros((30, 2, n, 3, 64), np.float16) if rng.random() < 0.5 else None
+                            g = await kv.get(base_tokens(fam, n), out=out)
+                            if g.tokens:
+                                counts["hits"] += 1
+                                got = np.asarray(g.kv)[:, :, : g.tokens]
+                                if got.tobytes() != base_kv(fam, g.tokens).tobytes():
+                                    wrong.append(f"family {fam}, {g.tokens} tokens")
+                        elif op < 0.95:
+                            await kv.lookup(base_tokens(fam, n))
+                        else:
+                            await kv.invalidate()
+                    counts["cancelled"] += scope.cancelled_caught
+                except TierKVError:
+                    counts["typed_errors"] += 1
+                except Exception as exc:
+                    untyped.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            for w in range(tasks):
+                tg.start_soon(worker, w)
+        assert untyped == [], untyped[:3]
+        assert wrong == [], wrong[:3]
+        assert kv.failed_jobs == 0
+    assert counts["cancelled"] > 0 and counts["hits"] > 0
+    return counts
+
+
+async def test_random_concurrency_invariants(tmp_path: Path) -> None:
+    await run_random_workload(tmp_path, tasks=64, seconds=8.0, seed=1)
+
+
+@pytest.mark.slow
+async def test_random_concurrency_invariants_long(tmp_path: Path) -> None:
+    seconds = float(os.environ.get("TIERKV_SOAK_S", "150"))
+    for seed in (2, 3):
+        await run_random_workload(tmp_path / str(seed), tasks=64, seconds=seconds, seed=seed)
