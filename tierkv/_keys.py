@@ -6,8 +6,12 @@ every token up to the end of the block matches *and* the scope matches.
 
 The scope holds everything that changes the bytes of the KV (model, revision,
 weights fingerprint, LoRA adapter, tokenizer revision, KV dtype, attention
-layout, world size, KV rank, object group, block size, schema version) plus the
-tenant salt. It is serialised as canonical JSON (sorted keys, no whitespace,
+layout, the model digest, world size, KV rank, object group, block size, schema
+version) plus the tenant salt. The model digest
+(:meth:`tierkv.ModelSpec.kv_digest`) covers every field of the model's
+configuration that changes a KV byte: the attention geometry and the
+forward-pass fields of ``hf_config`` such as ``rope_theta``, ``rope_scaling``
+or ``sliding_window``, so a changed model never serves the old KV. It is serialised as canonical JSON (sorted keys, no whitespace,
 UTF-8) so there is no delimiter ambiguity: model ``"a"`` + revision ``"b:c"``
 and model ``"a:b"`` + revision ``"c"`` are different JSON objects, hence
 different digests. The hash is SHA-256. Token blocks are hashed as fixed-width
@@ -48,6 +52,7 @@ class Scope:
     tokenizer_revision: str = ""
     kv_dtype: str = "float16"
     attention_layout: str = ""
+    model_digest: str = ""
     world_size: int = 1
     kv_rank: int = 0
     object_group: str = "kv"
@@ -110,11 +115,14 @@ def to_token_array(tokens: object) -> np.ndarray[Any, np.dtype[np.int64]]:
         arr = tokens
     elif type(tokens).__module__.startswith("torch"):
         t: Any = tokens
-        if getattr(t, "device", None) is not None and t.device.type != "cpu":
-            t = t.detach().cpu()
+        dev = getattr(getattr(t, "device", None), "type", "cpu")
+        if dev == "meta":
+            raise TokensError("tokens: a tensor on the 'meta' device holds no data (pass real token ids)")
         try:
+            if dev != "cpu":
+                t = t.detach().cpu()
             arr = t.detach().numpy()
-        except (TypeError, RuntimeError, AttributeError) as exc:
+        except (TypeError, RuntimeError, AttributeError, NotImplementedError) as exc:
             raise TokensError(f"tokens: cannot convert {type(tokens).__name__} to numpy: {exc}") from exc
     elif isinstance(tokens, (list, tuple, range)):
         for i, v in enumerate(tokens):

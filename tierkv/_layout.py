@@ -8,9 +8,12 @@ Layout accepted by :meth:`tierkv.TierKV.put` (and produced by ``get``):
 
 ``kv_layers`` counts only layers that hold a KV cache (linear-attention and
 Mamba layers of a hybrid model have none). Tensors are numpy arrays or CPU
-torch tensors, C-contiguous, of the configured ``kv_dtype``; ``bfloat16`` and
-``float8`` numpy data come as ``uint16``/``uint8`` bit patterns (numpy has no
-such dtypes). Pure functions: no I/O.
+torch tensors, C-contiguous, of the configured ``kv_dtype`` in native byte
+order; ``bfloat16`` and ``float8`` numpy data come as ``uint16``/``uint8`` bit
+patterns (numpy has no such dtypes). A byte-swapped array (``>f2`` on a
+little-endian machine) is rejected, never reinterpreted: convert it with
+``arr.astype(arr.dtype.newbyteorder("="))``. A torch tensor on the ``meta``
+device (shape only, no data) is rejected too. Pure functions: no I/O.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ def block_slice(spec: ModelSpec, start: int, stop: int) -> tuple[slice, ...]:
 
 def _from_torch(t: Any, kv_dtype: str) -> np.ndarray[Any, Any]:
     dev = getattr(t, "device", None)
+    if dev is not None and dev.type == "meta":
+        raise KVLayoutError("device", "a tensor with data on the cpu", "a 'meta' tensor (shape only, no data)")
     if dev is not None and dev.type != "cpu":
         raise KVLayoutError("device", "cpu (move it with .cpu(), or use a device-resident tier)", str(dev))
     name = str(t.dtype).removeprefix("torch.")
@@ -66,13 +71,19 @@ def as_numpy_kv(kv_data: object, spec: ModelSpec, kv_dtype: str, tokens: int) ->
     """Check ``kv_data`` against the spec for ``tokens`` tokens; return a numpy view (no copy).
 
     Raises:
-        KVLayoutError: wrong type, shape, dtype, device, or non-contiguous
-            memory; the message states expected vs got.
+        KVLayoutError: wrong type, shape, dtype, byte order, device (including
+            ``meta``), or non-contiguous memory; the message states expected vs got.
     """
     if isinstance(kv_data, np.ndarray):
         arr = kv_data
         want = STORAGE_DTYPES[kv_dtype]
         if arr.dtype != want:
+            if not arr.dtype.isnative:
+                raise KVLayoutError(
+                    "byte order",
+                    f"native {want} (convert with arr.astype(arr.dtype.newbyteorder('=')))",
+                    f"byte-swapped {arr.dtype.str}",
+                )
             if getattr(arr.dtype, "name", "") == kv_dtype and arr.dtype.itemsize == want.itemsize:
                 arr = arr.view(want)  # e.g. ml_dtypes.bfloat16
             else:

@@ -9,16 +9,19 @@ These are pure functions: no I/O.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from ._errors import ConfigError
 
 __all__ = [
+    "config_path",
     "opt_bool",
     "opt_choice",
     "opt_float",
     "opt_int",
+    "opt_path",
     "opt_size",
     "opt_str",
     "parse_size",
@@ -156,10 +159,24 @@ def opt_str(
     prefix: str = "",
     allow_empty: bool = False,
 ) -> str:
-    """Read a string."""
+    """Read a string; a NUL character is never allowed (no path, name or address holds one)."""
     raw = _get(options, key, default)
     if not isinstance(raw, str) or (not allow_empty and not raw):
         raise ConfigError(_name(prefix, key), raw, "a non-empty string" if not allow_empty else "a string")
+    if "\x00" in raw:
+        raise ConfigError(_name(prefix, key), raw, "a string without NUL characters")
+    return raw
+
+
+def opt_path(options: Mapping[str, Any], key: str, default: str | None = None, *, prefix: str = "") -> str:
+    """Read a filesystem path: a non-empty string (or ``os.PathLike``) without NUL characters."""
+    raw = _get(options, key, default)
+    if raw is not None and not isinstance(raw, str) and hasattr(raw, "__fspath__"):
+        raw = str(raw)
+    if not isinstance(raw, str) or not raw:
+        raise ConfigError(_name(prefix, key), raw, "a non-empty path")
+    if "\x00" in raw:
+        raise ConfigError(_name(prefix, key), raw, "a path without NUL characters")
     return raw
 
 
@@ -176,6 +193,29 @@ def opt_choice(
     if not isinstance(raw, str) or raw not in choices:
         raise ConfigError(_name(prefix, key), raw, "one of " + ", ".join(repr(c) for c in choices))
     return raw
+
+
+@contextmanager
+def config_path(prefix: str) -> Iterator[None]:
+    """Put ``prefix`` before the field of a :class:`~tierkv.ConfigError` raised inside.
+
+    Readers of a sub-table (a backend reading its tier's options, a model
+    reading its ``hf_config``) name fields relative to that table; the caller
+    that knows where the table sits in the config says so::
+
+        with config_path("tiers[0]"):
+            backend = await backend_cls.open(t.options, name=t.name)
+
+    turns ``capcity`` into ``tiers[0].capcity``. A field already under
+    ``prefix`` is left alone. The new error is chained to the original.
+    """
+    try:
+        yield
+    except ConfigError as exc:
+        if not prefix or exc.field == prefix or exc.field.startswith((prefix + ".", prefix + "[")):
+            raise
+        sep = "" if exc.field.startswith("[") else "."
+        raise ConfigError(f"{prefix}{sep}{exc.field}", exc.value, exc.allowed) from exc
 
 
 def reject_unknown(options: Mapping[str, Any], known: set[str] | frozenset[str], *, prefix: str = "") -> None:
