@@ -34,11 +34,41 @@ Conventions
   stores the full layout given by :meth:`ModelSpec.kv_shape` (every KV layer
   for every token), so block sizes ignore windows; only the figures that take a
   ``context`` (resident memory of a running sequence) cap sliding layers.
+* Tensor parallelism (``tp`` ranks): the sizing methods take ``tp`` and give
+  the bytes *one rank* (one GPU) holds. MHA/GQA/MQA shard the K/V heads over
+  the ranks, ``ceil(num_kv_heads / tp)`` per rank; with fewer KV heads than
+  ranks every rank holds one replicated head. MLA's latent is not sharded: every
+  rank holds the whole ``kv_lora_rank + qk_rope_head_dim`` latent.
+* Units: every ``*_bytes`` argument and result is a count of bytes. ``30e9``
+  (30 GB, decimal) and ``30 * 2**30`` (30 GiB, binary) differ by 7.4%, enough to
+  move a batch size by one: DeepSeek-V3, n_max 4,096, TP 8, MHA-equivalent KV:
+  ``max_batch(30 * 10**9, ...)`` is 14 (14.66), ``max_batch(30 * 2**30, ...)``
+  is 15 (15.74); MLA-aware it is 104 (30e9 / (61 x 1,152 x 4,096) = 104.2).
+
+Key scope
+---------
+:meth:`ModelSpec.kv_digest` is the model's part of the key scope: a SHA-256 of
+every field that changes a KV byte, namely the geometry fields above (all but
+``name``, which the scope holds on its own) and :attr:`ModelSpec.forward_config`,
+the Hugging Face config fields that shape the forward pass (hence the K and V
+of every layer after the first): ``rope_theta``, ``rope_scaling``,
+``partial_rotary_factor``, ``sliding_window``, ``rms_norm_eps``,
+``hidden_act``, ``attention_bias``, the MoE routing fields, ``torch_dtype``,
+... . The rule is conservative: *every* field of the config is kept except
+those listed in :data:`NON_KV_CONFIG_FIELDS` (identity, token ids, generation
+defaults, training-only fields, output switches, vocabulary size, tied
+embeddings) and ``max_position_embeddings`` unless RoPE scaling is configured;
+keys starting with ``_`` are dropped as well, and ``null`` reads as absent.
+A field nobody anticipated therefore changes the keys (a cache miss) rather
+than serving stale KV.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
@@ -52,7 +82,9 @@ __all__ = [
     "KV_LAYER_TYPES",
     "LAYER_TYPES",
     "ModelSpec",
+    "NON_KV_CONFIG_FIELDS",
     "NO_KV_LAYER_TYPES",
+    "forward_config_json",
 ]
 
 AttentionKind = Literal["mha", "gqa", "mqa", "mla"]
@@ -70,6 +102,198 @@ _LAYER_TYPE_ALIASES: dict[str, str] = {"attention": "full_attention"}
 
 def _canonical_layer_type(t: str) -> str:
     return _LAYER_TYPE_ALIASES.get(t) or t
+
+
+#: Hugging Face config fields that never change a KV byte (identity, token ids,
+#: generation defaults, training-only switches, outputs, vocabulary size, tied
+#: embeddings): they are left out of :attr:`ModelSpec.forward_config`. Every other
+#: field is kept. ``max_position_embeddings`` is kept only when RoPE scaling is
+#: configured (``rope_scaling``, or a non-default ``rope_parameters.rope_type``),
+#: where it enters the scaled frequencies.
+NON_KV_CONFIG_FIELDS: frozenset[str] = frozenset(
+    {
+        # identity and packaging
+        "architectures",
+        "auto_map",
+        "transformers_version",
+        "tokenizer_class",
+        "name_or_path",
+        "prefix",
+        "finetuning_task",
+        "task_specific_params",
+        "id2label",
+        "label2id",
+        "num_labels",
+        "problem_type",
+        # token ids (what the prompt holds, not how it is processed)
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "sep_token_id",
+        "decoder_start_token_id",
+        "forced_bos_token_id",
+        "forced_eos_token_id",
+        "suppress_tokens",
+        "begin_suppress_tokens",
+        "bad_words_ids",
+        # output switches and generation defaults
+        "use_cache",
+        "output_attentions",
+        "output_hidden_states",
+        "output_router_logits",
+        "output_scores",
+        "return_dict",
+        "use_return_dict",
+        "return_dict_in_generate",
+        "torchscript",
+        "max_length",
+        "min_length",
+        "do_sample",
+        "early_stopping",
+        "num_beams",
+        "num_beam_groups",
+        "diversity_penalty",
+        "temperature",
+        "top_k",
+        "top_p",
+        "typical_p",
+        "repetition_penalty",
+        "length_penalty",
+        "no_repeat_ngram_size",
+        "encoder_no_repeat_ngram_size",
+        "num_return_sequences",
+        "remove_invalid_values",
+        "exponential_decay_length_penalty",
+        "chunk_size_feed_forward",
+        # training only (no effect at inference)
+        "initializer_range",
+        "initializer_factor",
+        "attention_dropout",
+        "hidden_dropout",
+        "hidden_dropout_prob",
+        "attention_probs_dropout_prob",
+        "classifier_dropout",
+        "embd_pdrop",
+        "resid_pdrop",
+        "attn_pdrop",
+        "dropout",
+        "router_aux_loss_coef",
+        "aux_loss_alpha",
+        "seq_aux",
+        "gradient_checkpointing",
+        # the embedding table's size and the LM head (no KV depends on them)
+        "vocab_size",
+        "tie_word_embeddings",
+        "max_position_embeddings",
+    }
+)
+
+
+#: Hugging Face fields the geometry is read from (:meth:`ModelSpec.from_hf_config`).
+#: They enter :meth:`ModelSpec.kv_digest` through the canonical geometry fields, so
+#: two spellings of one model (``layer_types`` listed or given by
+#: ``full_attention_interval``; ``head_dim`` given or derived) digest alike.
+_GEOMETRY_HF_FIELDS: frozenset[str] = frozenset(
+    {
+        "num_hidden_layers",
+        "n_layer",
+        "num_layers",
+        "num_attention_heads",
+        "n_head",
+        "num_key_value_heads",
+        "num_kv_heads",
+        "head_dim",
+        "hidden_size",
+        "n_embd",
+        "d_model",
+        "kv_lora_rank",
+        "qk_rope_head_dim",
+        "layer_types",
+        "full_attention_interval",
+        "attn_layer_period",
+        "attn_layer_offset",
+        "sliding_window",
+        "sliding_window_pattern",
+        "use_sliding_window",
+        "max_window_layers",
+    }
+)
+
+
+def _rope_scaled(cfg: Mapping[str, Any]) -> bool:
+    rs = cfg.get("rope_scaling")
+    if isinstance(rs, Mapping) and rs:
+        return True
+    rp = cfg.get("rope_parameters")
+    if isinstance(rp, Mapping):
+        kind = rp.get("rope_type", rp.get("type"))
+        return kind not in (None, "default")
+    return False
+
+
+def _canonical_value(value: Any, field: str, *, config_level: bool) -> Any:
+    """Plain JSON form of a config value (see :attr:`ModelSpec.forward_config`)."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ConfigError(field, value, "a finite number")
+        return int(value) if value.is_integer() and abs(value) < 2**63 else value
+    if isinstance(value, Mapping):
+        return _canonical_table(value, field, config_level=config_level)
+    if isinstance(value, (list, tuple)):
+        return [_canonical_value(v, f"{field}[{i}]", config_level=False) for i, v in enumerate(value)]
+    raise ConfigError(field, value, "a JSON value (string, number, bool, list or table)")
+
+
+def _canonical_table(
+    cfg: Mapping[str, Any], prefix: str, *, config_level: bool, skip: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    scaled = config_level and _rope_scaled(cfg)
+    for key, value in cfg.items():
+        if not isinstance(key, str):
+            raise ConfigError(prefix or "forward_config", key, "string keys")
+        if value is None:
+            continue
+        if config_level:
+            if key.startswith("_") or key in skip:
+                continue
+            if key in NON_KV_CONFIG_FIELDS and not (scaled and key == "max_position_embeddings"):
+                continue
+        field = f"{prefix}.{key}" if prefix else key
+        # a nested sub-model config (text_config, vision_config, ...) follows the same rule
+        out[key] = _canonical_value(value, field, config_level=config_level and key.endswith("_config"))
+    return out
+
+
+def forward_config_json(config: Mapping[str, Any], *, geometry: bool = False) -> str:
+    """Canonical JSON (sorted keys, no whitespace) of the KV-relevant fields of a Hugging Face config.
+
+    Keeps every field except :data:`NON_KV_CONFIG_FIELDS`, keys starting with
+    ``_`` and ``null`` values (``max_position_embeddings`` stays when RoPE
+    scaling is configured); applies the same rule inside nested ``*_config``
+    tables; writes integral floats as integers (``500000.0`` and ``500000``
+    are the same value). Returns ``""`` when nothing is left. With
+    ``geometry=True`` (what :meth:`ModelSpec.from_hf_config` passes) the
+    fields the geometry is read from (layer counts, heads, ``head_dim``,
+    ``hidden_size``, the MLA ranks, the layer pattern and ``sliding_window``)
+    are left out too: the geometry fields of the spec hold them canonically.
+
+    Raises:
+        ConfigError: a value is not plain JSON (or a non-finite number).
+    """
+    skip = _GEOMETRY_HF_FIELDS if geometry else frozenset()
+    table = _canonical_table(config, "", config_level=True, skip=skip)
+    if not table:
+        return ""
+    return json.dumps(table, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _check_tp(tp: object) -> int:
+    return _check_count("tp", tp, 1)
 
 
 _DEFAULT_BLOCK_TOKENS: dict[str, int] = {"mla": 512, "gqa": 128, "mqa": 128, "mha": 64}
@@ -112,7 +336,14 @@ class ModelSpec:
             layers are all full attention is stored with ``()``.
         sliding_window: window of the ``"sliding_attention"`` layers in tokens;
             required when there is one, ``None`` (canonical) otherwise.
-        hidden_size: model width (informational, 0 when unknown).
+        hidden_size: model width (0 when unknown).
+        forward_config: canonical JSON of the configuration fields beyond the
+            geometry that shape the forward pass and hence the KV bytes
+            (``rope_theta``, ``rope_scaling``, ...; see the module docstring
+            and :func:`forward_config_json`). Set by :meth:`from_hf_config`;
+            ``""`` when the spec is given field by field (pass a table, e.g.
+            ``{"rope_theta": 1e6}``, to :meth:`from_dict`). Part of
+            :meth:`kv_digest`, never parsed otherwise.
 
     Raises:
         ConfigError: from ``__init__`` when a field is invalid or the fields
@@ -133,6 +364,7 @@ class ModelSpec:
     layer_types: tuple[str, ...] = ()
     sliding_window: int | None = None
     hidden_size: int = 0
+    forward_config: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -149,6 +381,17 @@ class ModelSpec:
             raise ConfigError("attention", self.attention, "one of " + ", ".join(map(repr, ATTENTION_KINDS)))
         self._check_heads()
         self._check_layers()
+        fc = self.forward_config
+        if not isinstance(fc, str):
+            raise ConfigError("forward_config", fc, "canonical JSON of a table (use from_dict for a mapping)")
+        if fc:
+            try:
+                parsed = json.loads(fc)
+            except ValueError as exc:
+                raise ConfigError("forward_config", fc, f"JSON of a table ({exc})") from exc
+            if not isinstance(parsed, dict):
+                raise ConfigError("forward_config", fc, "JSON of a table")
+            object.__setattr__(self, "forward_config", forward_config_json(parsed))
 
     def _check_heads(self) -> None:
         h, kv = self.num_attention_heads, self.num_kv_heads
@@ -244,44 +487,72 @@ class ModelSpec:
 
     # ------------------------------------------------------------------ sizes
 
-    def bytes_per_token_per_layer(self, dtype_bytes: int = 2) -> int:
-        """KV bytes one token takes in one KV layer.
+    def kv_heads_per_rank(self, tp: int = 1) -> int:
+        """K/V heads one of ``tp`` tensor-parallel ranks holds.
 
-        ``2 * num_kv_heads * head_dim * dtype_bytes``, or for MLA
-        ``latent_dim * dtype_bytes``.
+        MHA/GQA/MQA: ``ceil(num_kv_heads / tp)``; the heads are sharded, and
+        with fewer KV heads than ranks each rank holds one replicated head
+        (Llama-3.1-70B, 8 KV heads: 1 per rank at TP 8 and at TP 16). MLA: 1,
+        the latent (one "head" of :attr:`latent_dim`) replicated on every rank.
 
         Raises:
-            InputError: ``dtype_bytes`` is not a positive int.
+            InputError: ``tp`` is not an int >= 1.
+        """
+        t = _check_tp(tp)
+        return 1 if self.attention == "mla" else -(-self.num_kv_heads // t)
+
+    def bytes_per_token_per_layer(self, dtype_bytes: int = 2, *, tp: int = 1) -> int:
+        """KV bytes one token takes in one KV layer (on one of ``tp`` ranks).
+
+        ``2 * kv_heads_per_rank(tp) * head_dim * dtype_bytes`` (``num_kv_heads``
+        at ``tp=1``), or for MLA ``latent_dim * dtype_bytes`` whatever ``tp``.
+
+        Raises:
+            InputError: ``dtype_bytes`` is not a positive int or ``tp`` not an int >= 1.
         """
         d = _check_dtype_bytes(dtype_bytes)
         if self.attention == "mla":
+            _check_tp(tp)
             return self.latent_dim * d
-        return 2 * self.num_kv_heads * self.head_dim * d
+        return 2 * self.kv_heads_per_rank(tp) * self.head_dim * d
 
-    def mha_equivalent_bytes_per_token_per_layer(self, dtype_bytes: int = 2) -> int:
-        """What one token would take in one layer with plain MHA: ``2 * num_attention_heads * head_dim * dtype_bytes``.
+    def mha_equivalent_bytes_per_token_per_layer(self, dtype_bytes: int = 2, *, tp: int = 1) -> int:
+        """What one token would take in one layer with plain MHA, on one of ``tp`` ranks.
 
-        The ratio to :meth:`bytes_per_token_per_layer` is the saving of GQA/MQA
-        (``num_attention_heads / num_kv_heads``) or MLA.
+        ``2 * ceil(num_attention_heads / tp) * head_dim * dtype_bytes`` (the
+        heads of plain MHA are sharded like KV heads). The ratio to
+        :meth:`bytes_per_token_per_layer` is the saving of GQA/MQA
+        (``num_attention_heads / num_kv_heads`` at ``tp=1``) or MLA.
 
         Raises:
-            InputError: ``dtype_bytes`` is not a positive int.
+            InputError: ``dtype_bytes`` is not a positive int or ``tp`` not an int >= 1.
         """
-        return 2 * self.num_attention_heads * self.head_dim * _check_dtype_bytes(dtype_bytes)
+        heads = -(-self.num_attention_heads // _check_tp(tp))
+        return 2 * heads * self.head_dim * _check_dtype_bytes(dtype_bytes)
 
-    def bytes_per_sequence(self, tokens: int, dtype_bytes: int = 2) -> int:
+    def bytes_per_sequence(
+        self, tokens: int, dtype_bytes: int = 2, *, tp: int = 1, mha_equivalent: bool = False
+    ) -> int:
         """Resident KV bytes of one sequence of ``tokens`` tokens, over all layers.
 
         Full-attention layers hold every token; sliding-window layers hold at
         most ``sliding_window`` tokens; linear-attention/Mamba layers hold no KV.
         That is ``sum over KV layers l of min(tokens, window_l) *
-        bytes_per_token_per_layer``.
+        bytes_per_token_per_layer``. With ``tp``: what one of ``tp``
+        tensor-parallel ranks holds (see :meth:`kv_heads_per_rank`); with
+        ``mha_equivalent=True``: what plain MHA would hold
+        (:meth:`mha_equivalent_bytes_per_token_per_layer`).
 
         Raises:
-            InputError: ``tokens`` is not an int >= 0 or ``dtype_bytes`` is invalid.
+            InputError: ``tokens`` is not an int >= 0, ``dtype_bytes`` is
+                invalid, or ``tp`` is not an int >= 1.
         """
         n = _check_count("tokens", tokens, 0)
-        per = self.bytes_per_token_per_layer(dtype_bytes)
+        per = (
+            self.mha_equivalent_bytes_per_token_per_layer(dtype_bytes, tp=tp)
+            if mha_equivalent
+            else self.bytes_per_token_per_layer(dtype_bytes, tp=tp)
+        )
         sliding = self.sliding_layers
         full = self.kv_layers - sliding
         capped = min(n, self.sliding_window) if sliding and self.sliding_window is not None else n
@@ -327,25 +598,60 @@ class ModelSpec:
         """
         return _DEFAULT_BLOCK_TOKENS[self.attention]
 
-    def max_batch(self, memory_bytes: int, n_max: int, dtype_bytes: int = 2) -> int:
-        """Largest number of concurrent sequences of ``n_max`` tokens whose KV fits ``memory_bytes``.
+    def max_batch(
+        self, memory_bytes: int, n_max: int, dtype_bytes: int = 2, *, tp: int = 1, mha_equivalent: bool = False
+    ) -> int:
+        """Largest number of concurrent sequences of ``n_max`` tokens whose KV fits ``memory_bytes`` per GPU.
 
-        ``B* = floor(M / (L x B(n_max)))`` where ``M = memory_bytes``, ``L`` is
-        the number of KV layers and ``B(n_max)`` the bytes one layer holds for
-        one sequence of ``n_max`` tokens (``n_max * bytes_per_token_per_layer``;
-        capped at the window for sliding layers). In general the denominator is
-        :meth:`bytes_per_sequence` ``(n_max)``: the resident KV of one sequence
-        of ``n_max`` tokens over all layers. Returns 0 when not even one
-        sequence fits. Weights, activations and allocator overhead are not
-        counted: pass the memory left for the KV cache.
+        ``B* = floor(M / (L x B(n_max)))`` where ``M = memory_bytes`` is the
+        KV budget of *one* GPU in bytes, ``L`` is the number of KV layers and
+        ``B(n_max)`` the bytes one layer holds on one GPU for one sequence of
+        ``n_max`` tokens (``n_max * bytes_per_token_per_layer(tp=tp)``; capped
+        at the window for sliding layers). In general the denominator is
+        :meth:`bytes_per_sequence` ``(n_max, tp=tp)``: the resident KV of one
+        sequence of ``n_max`` tokens over all layers on one rank. Returns 0
+        when not even one sequence fits. Weights, activations and allocator
+        overhead are not counted: pass the memory left for the KV cache.
+
+        ``tp``: the tensor-parallel degree. The sequences run on all ``tp``
+        ranks at once, each rank holding its shard of every sequence: MHA/GQA
+        KV heads are split ``ceil(num_kv_heads / tp)`` per rank (a replica of
+        one head each when there are fewer KV heads than ranks); MLA's latent
+        is replicated, so TP does not raise an MLA model's batch.
+        ``mha_equivalent=True`` sizes the same model as if it stored plain MHA
+        K/V (``num_attention_heads`` heads, sharded the same way).
+
+        Units: ``memory_bytes`` is a count of bytes; mind decimal against
+        binary units. DeepSeek-V3, ``n_max`` 4,096, ``tp`` 8: MLA-aware
+        ``max_batch(30 * 10**9, 4096, tp=8)`` = 104 (30e9 / (61 x 1,152 x
+        4,096) = 104.2); MHA-equivalent (16 of 128 heads per rank, 8,192 bytes
+        per token per layer) 14 with ``30 * 10**9`` bytes (14.66) and 15 with
+        30 GiB ``30 * 2**30`` (15.74).
 
         Raises:
             InputError: ``memory_bytes`` is not an int >= 0, ``n_max`` not an
-                int >= 1, or ``dtype_bytes`` is invalid.
+                int >= 1, ``dtype_bytes`` is invalid, or ``tp`` not an int >= 1.
         """
         m = _check_count("memory_bytes", memory_bytes, 0)
         n = _check_count("n_max", n_max, 1)
-        return m // self.bytes_per_sequence(n, dtype_bytes)
+        return m // self.bytes_per_sequence(n, dtype_bytes, tp=tp, mha_equivalent=mha_equivalent)
+
+    def kv_digest(self) -> str:
+        """Hex SHA-256 of every field that changes a KV byte: the model's part of the key scope.
+
+        Covers ``num_layers``, ``num_attention_heads``, ``num_kv_heads``,
+        ``head_dim``, ``attention``, ``kv_lora_rank``, ``qk_rope_head_dim``,
+        ``layer_types``, ``sliding_window``, ``hidden_size`` and
+        :attr:`forward_config` (``rope_theta``, ``rope_scaling``, ...; see the
+        module docstring). ``name`` is left out: the scope carries the model
+        name itself. Equal specs give equal digests; a spec that differs in any
+        of these fields gives a different one (and so every block key differs).
+        """
+        d = self.to_dict()
+        del d["name"]
+        d["forward_config"] = json.loads(self.forward_config) if self.forward_config else {}
+        raw = json.dumps(d, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return hashlib.sha256(b"tierkv.model\x00" + raw.encode("utf-8")).hexdigest()
 
     # ------------------------------------------------------------------ (de)serialisation
 
@@ -389,6 +695,12 @@ class ModelSpec:
         if isinstance(lt, str) or not isinstance(lt, Sequence) or not all(isinstance(t, str) for t in lt):
             raise ConfigError(name("layer_types"), lt, "a list of layer type names")
         kwargs["layer_types"] = tuple(lt)
+        fc = kwargs.get("forward_config", "")
+        if isinstance(fc, Mapping):
+            try:
+                kwargs["forward_config"] = forward_config_json(fc)
+            except ConfigError as exc:
+                raise ConfigError(name(f"forward_config.{exc.field}"), exc.value, exc.allowed) from exc
         try:
             return cls(**kwargs)
         except ConfigError as exc:
@@ -423,6 +735,10 @@ class ModelSpec:
 
         ``name``: the spec's name; defaults to ``_name_or_path`` then
         ``model_type`` of the config.
+
+        :attr:`forward_config` keeps the KV-relevant rest of the language
+        model's config (``text_config`` when present, like the geometry): all
+        but :data:`NON_KV_CONFIG_FIELDS` (see :func:`forward_config_json`).
 
         Raises:
             ConfigError: a required field is missing or a field is invalid; the
@@ -478,6 +794,7 @@ class ModelSpec:
             head_dim = reader.head_dim(heads, hidden)
 
         layer_types, window = reader.layer_types(num_layers)
+        forward = forward_config_json(cfg, geometry=True)  # the language model's config (text_config when nested)
         try:
             return cls(
                 name=name,
@@ -491,6 +808,7 @@ class ModelSpec:
                 layer_types=layer_types,
                 sliding_window=window,
                 hidden_size=hidden,
+                forward_config=forward,
             )
         except ConfigError as exc:
             hf = _HF_FIELD.get(exc.field, exc.field)
