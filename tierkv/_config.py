@@ -28,13 +28,46 @@ Example (TOML)::
     capacity = "2TiB"
 
 Tiers are listed fastest first. Every field is validated when the config is
-built; a bad field raises :class:`~tierkv.ConfigError` naming the dotted field,
-the value and what is allowed. Parsing is pure (reading a TOML path is the only
-I/O, done by :meth:`Config.load`).
+built; a bad field raises :class:`~tierkv.ConfigError` naming the dotted field
+(``tiers[0].capacity``, ``telemetry.enabled``), the value and what is allowed.
+Every unknown key is an error naming its dotted path (``telemetry.foo``,
+``scheduler.predictor.foo``); a tier's own options are checked by its backend
+when the tier opens, named the same way (``tiers[0].capcity``). There is no
+top-level ``[codecs]`` table: a codec is set per tier (``tiers[i].codec``).
+No string anywhere may hold a NUL character, and a tier's ``capacity``, when
+given, is a size of at least one byte.
+
+Environment overrides (twelve-factor): :meth:`Config.load` applies variables
+named ``TIERKV_<PATH>`` over the file or mapping, ``__`` separating the path
+segments, a list entry addressed by its index (or, for ``tiers``, by the tier's
+name), names case-insensitive::
+
+    TIERKV_KV_DTYPE=bfloat16
+    TIERKV_TIERS__0__CAPACITY=1GiB        # or TIERKV_TIERS__DRAM__CAPACITY
+    TIERKV_SCHEDULER__POLICY=lru
+    TIERKV_MODEL__HF_CONFIG__ROPE_THETA=1000000.0
+
+A value is read as a TOML value when it is one (``true``, ``0.5``, ``128``,
+``[1, 2]``, ``"quoted"``) and as a plain string otherwise (``1GiB``, ``lru``);
+quote a string that looks like a number (``TIERKV_MODEL__REVISION='"1234"'``).
+A variable with a ``__`` path always names a field: an unknown field, a list
+index out of range or a path through a value is a :class:`~tierkv.ConfigError`
+naming the variable, and so is a bad value. A ``TIERKV_`` name without ``__``
+is an override only when it is a top-level field; other such names
+(``TIERKV_TEST_VENV``, ``TIERKV_CRASH_KILLS``) belong to tierkv's scripts and
+are not read, unless they look like a misspelt field (``TIERKV_KV_DTYP``),
+which is an error. Overrides apply to files and mappings, not to a
+:class:`Config` object (already built and validated). See docs/configuration.md.
+
+Parsing is pure apart from :meth:`Config.load`, which reads the TOML path and
+the environment.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import os
 import tomllib
 import types
 from collections.abc import Mapping
@@ -45,9 +78,14 @@ from typing import Any, Literal
 from ._errors import ConfigError
 from ._keys import Scope
 from ._model import ModelSpec
-from ._options import opt_bool, opt_choice, opt_float, opt_int, opt_str, reject_unknown
+from ._options import config_path, opt_bool, opt_choice, opt_float, opt_int, opt_size, opt_str, reject_unknown
+from ._scheduling import _KNOWN as _SCHEDULER_FIELDS
+from .scheduler import PlacementConfig, PredictorConfig
 
-__all__ = ["KV_DTYPES", "Config", "TierConfig"]
+__all__ = ["ENV_PREFIX", "KV_DTYPES", "Config", "TierConfig"]
+
+#: Prefix of the environment variables :meth:`Config.load` applies.
+ENV_PREFIX = "TIERKV_"
 
 #: Supported KV dtypes and their size in bytes. ``bfloat16`` arrives from numpy
 #: callers as ``uint16`` bit patterns (numpy has no bfloat16).
@@ -67,8 +105,19 @@ _TOP = frozenset(
         "share_across_tenants",
         "load_failure",
         "scheduler",
-        "codecs",
         "telemetry",
+    }
+)
+#: Top-level fields that hold a single value (not a table or a list).
+_TOP_SCALARS = frozenset(_TOP - {"model", "tiers", "scheduler", "telemetry"})
+#: Fields of the ``[telemetry]`` table (read by :class:`tierkv._telemetry.Telemetry`).
+_TELEMETRY = frozenset({"enabled", "cost_per_gb_hour", "prefill_cost_per_million_tokens"})
+#: Sub-tables of ``[scheduler]`` whose fields are those of a dataclass.
+_SCHEDULER_TABLES: Mapping[str, frozenset[str]] = types.MappingProxyType(
+    {
+        "predictor": frozenset(f.name for f in dataclasses.fields(PredictorConfig)),
+        "placement": frozenset(f.name for f in dataclasses.fields(PlacementConfig)),
+        "breaker": frozenset({"failure_threshold", "cooldown_s", "probe_successes"}),
     }
 )
 _MODEL = frozenset(
@@ -112,7 +161,6 @@ class Config:
     share_across_tenants: bool = False
     load_failure: Literal["recompute", "fail"] = "recompute"
     scheduler: Mapping[str, Any] = field(default_factory=lambda: types.MappingProxyType({}))
-    codecs: Mapping[str, Any] = field(default_factory=lambda: types.MappingProxyType({}))
     telemetry: Mapping[str, Any] = field(default_factory=lambda: types.MappingProxyType({}))
 
     @property
@@ -124,7 +172,14 @@ class Config:
         return self.block_tokens or self.model.default_block_tokens()
 
     def scope(self, tenant_salt: str = "") -> Scope:
-        """The key scope of this configuration (see :mod:`tierkv._keys`)."""
+        """The key scope of this configuration (see :mod:`tierkv._keys`).
+
+        The model enters through :meth:`ModelSpec.kv_digest` (every field of
+        the model's configuration that changes a KV byte, ``rope_theta`` and
+        ``sliding_window`` included), so editing such a field of
+        ``hf_config`` changes every key: blocks stored for the old model are
+        never served to the new one.
+        """
         m = self.model
         layout = f"{m.attention}:L{m.kv_layers}:H{m.num_kv_heads}:D{m.head_dim}:R{m.kv_lora_rank}+{m.qk_rope_head_dim}"
         return Scope(
@@ -135,6 +190,7 @@ class Config:
             tokenizer_revision=self.tokenizer_revision,
             kv_dtype=self.kv_dtype,
             attention_layout=layout,
+            model_digest=m.kv_digest(),
             world_size=self.world_size,
             kv_rank=self.kv_rank,
             object_group=self.object_group,
@@ -144,10 +200,22 @@ class Config:
 
     # ------------------------------------------------------------------ parsing
     @classmethod
-    def load(cls, source: Config | Mapping[str, Any] | str | Path) -> Config:
-        """Build a config from a Config (returned as is), a mapping or a TOML path."""
+    def load(cls, source: Config | Mapping[str, Any] | str | Path, *, env: Mapping[str, str] | None = None) -> Config:
+        """Build a config from a Config (returned as is), a mapping or a TOML path.
+
+        ``TIERKV_...`` variables of ``env`` (default: ``os.environ``) override
+        fields of a mapping or a file (see the module docstring); pass
+        ``env={}`` to ignore the environment. A :class:`Config` is returned as
+        is, without overrides.
+
+        Raises:
+            ConfigError: the file is missing or not TOML, a field is invalid or
+                unknown, or an override names no field or sets a bad value (the
+                message names the variable).
+        """
         if isinstance(source, Config):
             return source
+        environ: Mapping[str, str] = os.environ if env is None else env
         if isinstance(source, (str, Path)):
             path = Path(source)
             try:
@@ -158,17 +226,44 @@ class Config:
                 raise ConfigError("config", str(path), f"a readable TOML file ({exc})") from exc
             except tomllib.TOMLDecodeError as exc:
                 raise ConfigError("config", str(path), f"valid TOML ({exc})") from exc
-            return cls.from_dict(data)
+            return cls._from_dict_with_env(data, environ)
         if isinstance(source, Mapping):
-            return cls.from_dict(source)
+            return cls._from_dict_with_env(source, environ)
         raise ConfigError("config", source, "a dict, a path to a TOML file, or a tierkv.Config")
+
+    @classmethod
+    def _from_dict_with_env(cls, data: Mapping[str, Any], env: Mapping[str, str]) -> Config:
+        overrides = _env_overrides(env)
+        if not overrides:
+            return cls.from_dict(data)
+        tree = _plain(data) if isinstance(data, Mapping) else data
+        if not isinstance(tree, dict):
+            raise ConfigError("config", data, "a table (dict)")
+        applied = [(var, _apply_override(tree, var, segs, raw)) for var, segs, raw in overrides]
+        try:
+            return cls.from_dict(tree)
+        except ConfigError as exc:
+            for var, where in applied:
+                if _related(exc.field, where):
+                    raise ConfigError(exc.field, exc.value, f"{exc.allowed} (set by {var})") from exc
+            names = ", ".join(var for var, _ in applied)
+            raise ConfigError(
+                exc.field, exc.value, f"{exc.allowed} (environment overrides in effect: {names})"
+            ) from exc
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Config:
         """Validate ``data``; raise ConfigError naming the first bad field."""
         if not isinstance(data, Mapping):
             raise ConfigError("config", data, "a table (dict)")
+        if "codecs" in data:
+            raise ConfigError(
+                "codecs",
+                data["codecs"],
+                "no top-level codecs table: set a codec per tier, e.g. tiers[0].codec = {codec = 'lz4'}",
+            )
         reject_unknown(data, _TOP)
+        _reject_nul(data, "")
         model_raw = data.get("model")
         if not isinstance(model_raw, Mapping):
             raise ConfigError("model", model_raw, "a table with name and hf_config (or spec)")
@@ -182,7 +277,8 @@ class Config:
                 raise ConfigError("model.spec", spec_raw, "a table of ModelSpec fields")
             spec = ModelSpec.from_dict(spec_raw, prefix="model.spec")
         elif isinstance(model_raw.get("hf_config"), Mapping):
-            spec = ModelSpec.from_hf_config(model_raw["hf_config"], name=name)
+            with config_path("model.hf_config"):
+                spec = ModelSpec.from_hf_config(model_raw["hf_config"], name=name)
         else:
             raise ConfigError(
                 "model.hf_config", model_raw.get("hf_config"), "a table of the model's config.json fields"
@@ -217,6 +313,8 @@ class Config:
                     f"{where}.codec", codec, "a table like {codec = 'lz4'} or {codec = 'cachegen', level = 2}"
                 )
             options = {k: v for k, v in t.items() if k not in _TIER_CORE}
+            if "capacity" in options:  # every backend reads it; a tier that holds nothing is a mistake
+                opt_size(options, "capacity", prefix=where, minimum=1)
             tiers.append(
                 TierConfig(
                     name=tname,
@@ -233,6 +331,16 @@ class Config:
             if not isinstance(v, Mapping):
                 raise ConfigError(key, v, "a table")
             return types.MappingProxyType(dict(v))
+
+        scheduler = table("scheduler")
+        reject_unknown(scheduler, _SCHEDULER_FIELDS, prefix="scheduler")
+        for sub, known in _SCHEDULER_TABLES.items():
+            sub_table = scheduler.get(sub, {})
+            if not isinstance(sub_table, Mapping):
+                raise ConfigError(f"scheduler.{sub}", sub_table, "a table")
+            reject_unknown(sub_table, known, prefix=f"scheduler.{sub}")
+        telemetry = table("telemetry")
+        reject_unknown(telemetry, _TELEMETRY, prefix="telemetry")
 
         return cls(
             model=spec,
@@ -251,7 +359,133 @@ class Config:
             load_failure="fail"
             if opt_choice(data, "load_failure", ("recompute", "fail"), "recompute") == "fail"
             else "recompute",
-            scheduler=table("scheduler"),
-            codecs=table("codecs"),
-            telemetry=table("telemetry"),
+            scheduler=scheduler,
+            telemetry=telemetry,
         )
+
+
+# ---------------------------------------------------------------------- validation helpers
+
+
+def _reject_nul(value: object, where: str) -> None:
+    """ConfigError naming the dotted path of the first string (key or value) holding a NUL."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ConfigError(where or "config", value, "a string without NUL characters")
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            sub = f"{where}.{k}" if where else str(k)
+            if isinstance(k, str) and "\x00" in k:
+                raise ConfigError(sub, k, "a key without NUL characters")
+            _reject_nul(v, sub)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _reject_nul(v, f"{where}[{i}]")
+
+
+# ---------------------------------------------------------------------- environment overrides
+
+
+def _env_overrides(env: Mapping[str, str]) -> list[tuple[str, list[str], str]]:
+    """``(variable, lower-case path segments, raw value)`` of each override in ``env``, sorted by name."""
+    out: list[tuple[str, list[str], str]] = []
+    for var in sorted(env):
+        if not var.startswith(ENV_PREFIX):
+            continue
+        raw = env[var]
+        rest = var[len(ENV_PREFIX) :].lower()
+        if "__" in rest:
+            segs = rest.split("__")
+            if not all(segs):
+                raise ConfigError(var, raw, "a path like TIERKV_TIERS__0__CAPACITY (segments joined by '__')")
+        elif rest in _TOP:
+            segs = [rest]
+        else:
+            close = difflib.get_close_matches(rest, sorted(_TOP), n=1, cutoff=0.8)
+            if close:
+                raise ConfigError(
+                    var,
+                    raw,
+                    f"an existing config field: {rest!r} is unknown (did you mean {ENV_PREFIX}{close[0].upper()}?)",
+                )
+            continue  # not a config variable (tierkv's scripts read TIERKV_TEST_VENV, TIERKV_CRASH_KILLS, ...)
+        out.append((var, segs, raw))
+    return out
+
+
+def _env_value(raw: str) -> Any:
+    """A TOML value when ``raw`` is one (``true``, ``0.5``, ``[1, 2]``, ``"x"``), else ``raw`` itself."""
+    try:
+        parsed = tomllib.loads(f"v = {raw}")
+    except tomllib.TOMLDecodeError:
+        return raw
+    if set(parsed) != {"v"}:
+        return raw
+    return parsed["v"]
+
+
+def _plain(value: Any) -> Any:
+    """A deep copy of a config tree as plain dicts and lists (overrides are written into it)."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _apply_override(tree: dict[str, Any], var: str, segs: list[str], raw: str) -> str:
+    """Write the value of ``var`` at ``segs`` into ``tree``; return its dotted path (``tiers[0].capacity``)."""
+    value = _env_value(raw)
+    node: Any = tree
+    where = ""
+    for i, seg in enumerate(segs):
+        last = i == len(segs) - 1
+        if isinstance(node, list):
+            idx = _list_index(node, seg, where)
+            if idx is None:
+                names = [str(t.get("name", t.get("backend"))) for t in node if isinstance(t, Mapping)]
+                what = f"an index in [0, {len(node) - 1}]" if node else "an index (the list is empty)"
+                if where == "tiers" and names:
+                    what += " or a tier name (" + ", ".join(names) + ")"
+                raise ConfigError(var, raw, f"a path into {where}: {seg!r} is not {what}")
+            where = f"{where}[{idx}]"
+            if last:
+                node[idx] = value
+                break
+            nxt = node[idx]
+        elif isinstance(node, dict):
+            key = next((k for k in node if isinstance(k, str) and k.lower() == seg), seg)
+            where = f"{where}.{key}" if where else key
+            if last:
+                node[key] = value
+                break
+            nxt = node.get(key)
+            if nxt is None:
+                nxt = {}
+                node[key] = nxt
+        else:
+            raise ConfigError(var, raw, f"a path through tables: {where} is a value ({node!r}), not a table")
+        if not isinstance(nxt, (dict, list)):
+            raise ConfigError(var, raw, f"a path through tables: {where} is a value ({nxt!r}), not a table")
+        node = nxt
+    return where
+
+
+def _list_index(node: list[Any], seg: str, where: str) -> int | None:
+    if seg.isdigit():
+        i = int(seg)
+        return i if i < len(node) else None
+    if where == "tiers":
+        for i, t in enumerate(node):
+            if isinstance(t, Mapping) and str(t.get("name", t.get("backend", ""))).lower() == seg:
+                return i
+    return None
+
+
+def _related(field: str, where: str) -> bool:
+    """Whether the error on ``field`` is about the override written at ``where`` (one contains the other)."""
+
+    def under(a: str, b: str) -> bool:
+        return a == b or a.startswith((b + ".", b + "["))
+
+    return under(field, where) or under(where, field)
