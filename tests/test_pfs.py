@@ -92,7 +92,7 @@ async def test_round_trip_bit_exact(tmp_path: Path, n: int) -> None:
         assert await b.content_hash("k") == sha
         s = b.stats()
         assert s.kind is TierKind.PFS and s.io_path == "posix pread/pwrite + fsync" and not s.emulated
-        assert s.used_bytes == n and s.blocks == 1 and s.details["format"] == 4
+        assert s.used_bytes == n and s.blocks == 1 and s.details["format"] == 5
     assert isinstance(b, SupportsScan)
 
 
@@ -146,8 +146,12 @@ def test_dedup_scope_and_record_names_are_pure() -> None:
     assert pfs_mod.dedup_scope(b"", "tenant") == "untagged"
     assert pfs_mod.dedup_scope(b"x", "tenant") != pfs_mod.dedup_scope(b"y", "tenant")
     sha = hashlib.sha256(b"x").digest()
-    name, side = pfs_mod.record_name("k" * 128, bytes(range(MAX_TAG_BYTES)), sha)
-    assert side and len(name) <= 255 and pfs_mod.parse_record_name(name) == ("k" * 128, sha[:16], None, side)
+    long_tag = bytes(range(MAX_TAG_BYTES))
+    name, side = pfs_mod.record_name("k" * 128, long_tag, sha)
+    bind = pfs_mod.record_binding("k" * 128, sha, long_tag)
+    assert side and len(name) <= 255 and pfs_mod.parse_record_name(name) == ("k" * 128, bind, None, side)
+    # the binding covers the key, the content and the tag
+    assert len({bind, pfs_mod.record_binding("k", sha, long_tag), pfs_mod.record_binding("k" * 128, sha, b"")}) == 3
     h = sha[:16].hex()
     for bad in ("nosep", f"../x~{h}~", f"k~{h}~~short", f"k~{h}~a=", f"k~{h}~!!", "k~zz~", f"k~{h}"):
         with pytest.raises((ValueError, E.InputError)):
@@ -163,7 +167,8 @@ def test_record_names_round_trip(key: str, tag: bytes, sha: bytes) -> None:
     name, side = pfs_mod.record_name(key, tag, sha)
     assert len(name.encode()) <= 255 and "/" not in name
     k, pfx, t, s = pfs_mod.parse_record_name(name)
-    assert k == key and pfx == sha[:16] and s == side and (t == tag if not side else t is None)
+    assert k == key and pfx == pfs_mod.record_binding(key, sha, tag) and s == side
+    assert t == tag if not side else t is None
 
 
 async def test_errors(tmp_path: Path) -> None:
@@ -523,19 +528,31 @@ async def test_write_many_mixed_failures_and_restart(tmp_path: Path) -> None:
         assert infos == {f"g{i}": f"t{i}".encode() for i in range(6)}
 
 
-async def test_io_error_in_one_block_fails_only_that_block(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("err", "expected"),
+    [
+        (OSError(5, "Input/output error"), E.BackendIOError),
+        # a full disk (or quota) is a capacity condition, not a device failure
+        (OSError(28, "No space left on device"), E.CapacityError),
+        (OSError(122, "Disk quota exceeded"), E.CapacityError),
+    ],
+)
+async def test_io_error_in_one_block_fails_only_that_block(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, err: OSError, expected: type[Exception]
+) -> None:
     real = PfsBackend._put_block
 
     def flaky(self: PfsBackend, scope: str, tag: bytes, key: str, src: memoryview) -> Any:
         if key == "bad":
-            raise OSError(28, "No space left on device")
+            raise err
         return real(self, scope, tag, key, src)
 
     monkeypatch.setattr(PfsBackend, "_put_block", flaky)
     async with await _open(tmp_path) as b:
         allocs = await b.allocate_many([("ok", 100, b""), ("bad", 100, b"")])
-        with pytest.raises(E.BackendIOError, match="No space"):
+        with pytest.raises(expected, match=str(err.strerror)) as info:
             await b.write_many(allocs, [b"a" * 100, b"b" * 100])
+        assert expected is E.CapacityError or not isinstance(info.value, E.CapacityError)
         assert bytes(await b.read("ok")) == b"a" * 100 and not await b.contains("bad")
         assert b.stats().used_bytes == 100 and b.stats().reserved_bytes == 0
 

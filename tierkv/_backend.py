@@ -28,6 +28,18 @@ Contract shared by every method
 * Cancellation: a cancelled or failed :meth:`Backend.write` leaves nothing
   visible under the key and releases its reservation; a cancelled read or
   evict leaves the stored block as it was or removed, never half removed.
+  A read honours its caller's deadline even while the medium stalls: a read
+  into the backend's own buffers (``into=None``) that is cancelled returns at
+  once; its worker thread finishes in the background into those buffers,
+  which nobody sees any more, and the result is discarded (see
+  :func:`run_blocking`). A read into a caller's buffer (``into=``) is never
+  abandoned: the buffer must not be written after the call returns, so it
+  returns once its I/O is done. A worker thread left running keeps its slot of
+  the backend's limiter until it really ends.
+* Errors of the operating system are translated by :func:`os_error`: a full
+  medium (``ENOSPC``, ``EDQUOT``) is a capacity condition,
+  :class:`~tierkv.CapacityError`, never a device failure; every other
+  ``OSError`` is a :class:`~tierkv.BackendIOError`.
 * A backend never evicts on its own: eviction is the core's decision. A shared
   remote store that loses a block by itself (its own pressure eviction) reports
   it as :class:`~tierkv.BlockNotFoundError`, never as wrong bytes.
@@ -35,18 +47,27 @@ Contract shared by every method
 
 from __future__ import annotations
 
+import errno
+import math
 import re
+import threading
 import types
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, Self, runtime_checkable
+from typing import Any, ClassVar, Protocol, Self, TypeVar, runtime_checkable
 
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import anyio.to_thread
 import numpy as np
 
-from ._errors import BackendClosedError, BackendError, InputError
+from ._errors import BackendClosedError, BackendError, BackendIOError, CapacityError, InputError
+
+_T = TypeVar("_T")
 
 __all__ = [
     "API_VERSION",
@@ -58,6 +79,7 @@ __all__ = [
     "BlockInfo",
     "Buffer",
     "Capabilities",
+    "OpenContext",
     "SupportsContentHash",
     "SupportsDeviceIO",
     "SupportsScan",
@@ -66,6 +88,8 @@ __all__ = [
     "as_byte_view",
     "check_allocation",
     "into_view",
+    "os_error",
+    "run_blocking",
     "validate_key",
 ]
 
@@ -134,6 +158,26 @@ class Capabilities:
     envelope_threshold: float = 0.8
     envelope_small_block_bytes: int = 0
     envelope_small_block_us: float = 20.0
+
+
+@dataclass(frozen=True, slots=True)
+class OpenContext:
+    """What the core tells a backend about the data it will hold, at :meth:`Backend.open`.
+
+    Attributes:
+        block_nbytes: the largest payload of one block the core writes to this tier: the
+            model's KV block at the configured dtype (for a tier with a codec, the codec's
+            bound for it). A backend that sizes storage units by block (the nvme tier's
+            slots) derives them from it when its options do not say. None when unknown
+            (a backend opened on its own, by a test or the conformance suite).
+    """
+
+    block_nbytes: int | None = None
+
+    def __post_init__(self) -> None:
+        b = self.block_nbytes
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+            raise InputError(f"OpenContext.block_nbytes must be a positive int or None, got {b!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +300,98 @@ def as_byte_view(data: object, *, writable: bool = False, what: str = "data") ->
     return mv
 
 
+#: ``errno`` values that mean the medium is full: a capacity condition, not a failure
+CAPACITY_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def os_error(exc: OSError, what: str, *, tier: str = "") -> BackendError:
+    """The tierkv error for an ``OSError`` raised by ``what`` (chain it: ``raise
+    os_error(exc, ...) from exc``). A full medium (``ENOSPC``, ``EDQUOT``) is
+    :class:`~tierkv.CapacityError`: the core then places the block elsewhere and keeps
+    the tier in service for reads; anything else is :class:`~tierkv.BackendIOError`. A
+    tierkv error (which may also be an ``OSError``) is returned as it is."""
+    if isinstance(exc, BackendError):
+        return exc
+    if exc.errno in CAPACITY_ERRNOS:
+        return CapacityError(f"{what}: the medium is full ({exc})", tier=tier)
+    return BackendIOError(f"{what}: {exc}", tier=tier)
+
+
+_HOP_LIMITER: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar("tierkv_hop_limiter")
+
+
+def _hop_limiter() -> anyio.CapacityLimiter:
+    """An unbounded limiter for the thread hops of :func:`run_blocking` (the bound is the
+    caller's limiter, held on behalf of each call), one per event loop."""
+    try:
+        return _HOP_LIMITER.get()
+    except LookupError:
+        lim = anyio.CapacityLimiter(math.inf)
+        _HOP_LIMITER.set(lim)
+        return lim
+
+
+class _Call:
+    """One abandonable call of :func:`run_blocking`: who gives its limiter slot back."""
+
+    __slots__ = ("lock", "state")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.state = "queued"  # -> "running" -> "done"; or "dropped" / "abandoned" by the caller
+
+
+async def run_blocking(
+    fn: Callable[..., _T], *args: Any, limiter: anyio.CapacityLimiter, abandon_on_cancel: bool = False
+) -> _T:
+    """Run the blocking ``fn(*args)`` in a worker thread, holding a slot of ``limiter``.
+
+    Without ``abandon_on_cancel`` this is ``anyio.to_thread.run_sync``: a cancelled caller
+    waits for the thread. With it, a cancelled caller returns at once and the thread runs
+    on in the background; its result (or exception) is discarded. Use it only where what
+    the thread writes is private to the call (a read into buffers the backend allocated
+    for it, never a caller's ``into=``). The limiter slot is held until the thread really
+    ends, under asyncio and trio alike (anyio's own ``abandon_on_cancel`` gives it back at
+    the cancellation on asyncio), so that at most ``total_tokens`` threads are ever busy
+    and a backend that waits for all its slots (at close) waits for abandoned threads too.
+    A call cancelled before its thread started never runs ``fn``.
+    """
+    if not abandon_on_cancel:
+        return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
+    call = _Call()
+    await limiter.acquire_on_behalf_of(call)
+    token = anyio.lowlevel.current_token()
+
+    def work() -> _T:
+        with call.lock:
+            if call.state != "queued":
+                raise anyio.get_cancelled_exc_class()()  # dropped before it started: never runs
+            call.state = "running"
+        try:
+            return fn(*args)
+        finally:
+            with call.lock:
+                give_back = call.state == "abandoned"
+                call.state = "done"
+            if give_back:
+                try:
+                    anyio.from_thread.run_sync(limiter.release_on_behalf_of, call, token=token)
+                except Exception:  # pragma: no cover - the event loop (and its limiter) is gone
+                    pass
+
+    try:
+        result = await anyio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=_hop_limiter())
+    except BaseException:
+        with call.lock:
+            running = call.state == "running"
+            call.state = "abandoned" if running else ("dropped" if call.state == "queued" else call.state)
+        if not running:
+            limiter.release_on_behalf_of(call)
+        raise
+    limiter.release_on_behalf_of(call)
+    return result
+
+
 class Backend(ABC):
     """Abstract async tier backend. Subclass it; see the module docstring for the
     contract every method shares.
@@ -278,15 +414,26 @@ class Backend(ABC):
     def __init__(self, options: Mapping[str, Any] | None = None, *, name: str = "") -> None:
         self.name = name or type(self).__name__.lower()
         self.options: Mapping[str, Any] = dict(options or {})
+        #: what the core said at open (:class:`OpenContext`); read it in :meth:`_open`
+        self.context = OpenContext()
         self._closed = False
         self._opened = False
 
     # ----------------------------------------------------------------- lifecycle
     @classmethod
-    async def open(cls, options: Mapping[str, Any] | None = None, *, name: str = "") -> Self:
-        """Create and open a backend. Raises ConfigError, PluginUnavailableError
-        (hardware or library missing) or BackendIOError."""
+    async def open(
+        cls, options: Mapping[str, Any] | None = None, *, name: str = "", context: OpenContext | None = None
+    ) -> Self:
+        """Create and open a backend. ``context`` (keyword, optional) tells it about the
+        data it will hold (:class:`OpenContext`); it is in :attr:`context` when
+        :meth:`_open` runs. Raises ConfigError, PluginUnavailableError (hardware or
+        library missing), BackendIOError, or CapacityError (the medium cannot hold the
+        configured capacity). A failed open leaves nothing behind that it created."""
         backend = cls(options, name=name)
+        if context is not None:
+            if not isinstance(context, OpenContext):
+                raise InputError(f"context must be an OpenContext, got {type(context).__name__}")
+            backend.context = context
         await backend._open()
         backend._opened = True
         return backend

@@ -48,9 +48,19 @@ submits the batch's I/Os to a ThreadPoolExecutor of ``queue_depth`` workers
 owned by the backend (so a batch keeps ``queue_depth`` I/Os in flight) and
 waits for all of them. ``aclose`` waits for every limiter token, hence for
 every batch, before it shuts the executor down. Cancellation of a write or of
-a batch never abandons an I/O: the worker runs to completion, then every slot
-of the cancelled write is durably invalidated (shielded) before its
-reservation is released, so nothing of it is visible.
+a write batch never abandons an I/O: the worker runs to completion, then every
+slot of the cancelled write is durably invalidated (shielded) before its
+reservation is released, so nothing of it is visible. A cancelled ``read`` or
+``read_many`` without ``into`` returns at once, even while the device stalls:
+its thread finishes into the call's own buffers, which are dropped, and keeps
+its limiter token until it ends (so ``aclose`` still waits for it). Reads into
+a caller's buffers wait for their I/O.
+
+Errors: a full filesystem (``ENOSPC``, ``EDQUOT``; a slab without ``prefill``
+is sparse) is :class:`~tierkv.CapacityError`; an open whose new slab files do
+not fit their filesystem raises CapacityError before writing them. A failed
+open removes the slab files (and directories) it created and gives files it
+re-initialised their old size back.
 """
 
 from __future__ import annotations
@@ -60,6 +70,7 @@ import errno
 import heapq
 import mmap
 import os
+import re
 import struct
 import threading
 import zlib
@@ -89,6 +100,8 @@ from tierkv._backend import (
     as_byte_view,
     check_allocation,
     into_view,
+    os_error,
+    run_blocking,
     validate_key,
 )
 from tierkv._errors import (
@@ -100,6 +113,7 @@ from tierkv._errors import (
     InputError,
     IntegrityError,
     PluginUnavailableError,
+    TierKVError,
 )
 from tierkv._options import opt_bool, opt_choice, opt_int, opt_size, parse_size, reject_unknown
 
@@ -123,6 +137,8 @@ _STATE_COMMITTED_WSUM = 2  # payload checksum: wsum32 (computable on the GPU; bl
 _COMMITTED = (_STATE_COMMITTED, _STATE_COMMITTED_WSUM)
 _CHECKSUMS = {1: "crc32", 2: "crc32c"}
 _KNOWN = frozenset({"path", "capacity", "slot_bytes", "queue_depth", "io", "checksum", "direct", "prefill"})
+_DEFAULT_SLOT_BYTES = 2 << 20
+_SLAB_RE = re.compile(r"tierkv-nvme-([0-9]+)\.slab")
 
 
 def _round_up(n: int, a: int = PAGE) -> int:
@@ -382,8 +398,10 @@ class NvmeBackend(Backend):
         path: a directory or a list of directories (one per device) for the slab files (required).
         capacity: payload bytes over all slab files (default 256 MiB), split evenly among size classes
             and directories.
-        slot_bytes: one slot size or a list of size classes (default ``"2MiB"``); a block goes to the
-            smallest class that fits; ``max_block_bytes`` is the largest class.
+        slot_bytes: one slot size or a list of size classes; a block goes to the smallest class that
+            fits; ``max_block_bytes`` is the largest class. Default: the classes of the slab files
+            already in ``path`` when they hold the model's block, else one class of the block size
+            the core gives at open (``OpenContext.block_nbytes``, rounded up to 4 KiB), else 2 MiB.
         queue_depth: maximum I/Os in flight (default 8).
         io: how device (GPU) buffers move: ``"auto"`` (kvikio cuFile when a CUDA GPU and kvikio are
             present, else a host bounce), ``"kvikio"`` (required; PluginUnavailableError without) or
@@ -416,28 +434,25 @@ class NvmeBackend(Backend):
             raise ConfigError("path", raw_path, "distinct directories")
         self._dirs = dirs
         self._capacity_opt = opt_size(self.options, "capacity", "256MiB", minimum=1)
-        raw_sb = self.options.get("slot_bytes", "2MiB")
-        sizes = raw_sb if isinstance(raw_sb, (list, tuple)) else [raw_sb]
-        if not sizes:
-            raise ConfigError("slot_bytes", raw_sb, "a size or a non-empty list of sizes")
-        classes = sorted({parse_size("slot_bytes", s) for s in sizes})
-        if classes[0] < 1 or classes[-1] > 1 << 30:
-            raise ConfigError("slot_bytes", raw_sb, "sizes between 1 byte and 1 GiB")
-        self._classes = classes
+        raw_sb = self.options.get("slot_bytes")
+        self._slot_bytes_given = raw_sb is not None
+        if raw_sb is None:
+            classes = [_DEFAULT_SLOT_BYTES]  # until open: derived from the block size when the core gives it
+        else:
+            sizes = raw_sb if isinstance(raw_sb, (list, tuple)) else [raw_sb]
+            if not sizes:
+                raise ConfigError("slot_bytes", raw_sb, "a size or a non-empty list of sizes")
+            classes = sorted({parse_size("slot_bytes", s) for s in sizes})
+            if classes[0] < 1 or classes[-1] > 1 << 30:
+                raise ConfigError("slot_bytes", raw_sb, "sizes between 1 byte and 1 GiB")
         self._qd = opt_int(self.options, "queue_depth", 8, minimum=1, maximum=256)
         self._io_opt = opt_choice(self.options, "io", ("auto", "kvikio", "posix"), "auto")
         self._checksum_opt = opt_choice(self.options, "checksum", ("auto", "crc32c", "crc32"), "auto")
         self._direct = opt_bool(self.options, "direct", True)
         self._prefill = opt_bool(self.options, "prefill", True)
-        per_class = self._capacity_opt // len(classes)
-        self._slabs: list[_Slab] = []
-        for sb in classes:
-            per_file = max(1, per_class // (sb * len(dirs)))
-            for d in dirs:
-                self._slabs.append(_Slab(d / f"tierkv-nvme-{sb}.slab", sb, per_file))
-        self._capacity = sum(s.nslots * s.slot_bytes for s in self._slabs)
-        # free slots per class, interleaved over directories so consecutive blocks go to distinct devices
-        self._free: dict[int, list[tuple[int, int]]] = {sb: [] for sb in classes}
+        self._set_classes(classes)
+        self._created: list[tuple[Path, int]] = []  # slab files this open created or initialised
+        self._made_dirs: list[Path] = []  # directories this open created
         self._index: dict[str, _Entry] = {}
         self._pending: dict[str, Allocation] = {}
         self._pending_slot: dict[str, tuple[int, int]] = {}
@@ -455,7 +470,6 @@ class NvmeBackend(Backend):
         self._poisoned: set[tuple[int, int]] = set()
         self._limiter = anyio.CapacityLimiter(self._qd)
         self._executor: ThreadPoolExecutor | None = None  # batch I/O workers, created by open
-        self._pool = _Pool(PAGE + _round_up(classes[-1]))
         self._hdr_pool = _Pool(_RUN_SLOTS * PAGE)  # header / scratch pages of coalesced runs
         self._checksum = "crc32"
         self._csum: Callable[[Any], int] = _checksum_fn("crc32")
@@ -463,6 +477,49 @@ class NvmeBackend(Backend):
         self._kvikio: Any = None
         self._counters = {"reads": 0, "writes": 0, "evictions": 0, "bytes_read": 0, "bytes_written": 0}
         self._recovered = {"blocks": 0, "torn_or_stale": 0, "duplicates": 0, "verified": 0}
+
+    def _set_classes(self, classes: list[int]) -> None:
+        """The slot size classes and the slab files they give (no I/O)."""
+        self._classes = classes
+        per_class = self._capacity_opt // len(classes)
+        self._slabs: list[_Slab] = []
+        for sb in classes:
+            per_file = max(1, per_class // (sb * len(self._dirs)))
+            for d in self._dirs:
+                self._slabs.append(_Slab(d / f"tierkv-nvme-{sb}.slab", sb, per_file))
+        self._capacity = sum(s.nslots * s.slot_bytes for s in self._slabs)
+        # free slots per class, interleaved over directories so consecutive blocks go to distinct devices
+        self._free: dict[int, list[tuple[int, int]]] = {sb: [] for sb in classes}
+        self._pool = _Pool(PAGE + _round_up(classes[-1]))
+
+    def _derive_classes(self) -> None:
+        """Without ``slot_bytes``: the size classes of the slab files already in ``path`` when
+        they hold the core's block (a store keeps its geometry), else one class of the
+        block size the core gave at open (:attr:`context`), else 2 MiB."""
+        if self._slot_bytes_given:
+            return
+        block = self.context.block_nbytes
+        found: set[int] = set()
+        try:
+            names = os.listdir(self._dirs[0])
+        except OSError:
+            names = []
+        for n in names:
+            m = _SLAB_RE.fullmatch(n)
+            if m and 0 < int(m.group(1)) <= 1 << 30:
+                found.add(int(m.group(1)))
+        if found and (block is None or max(found) >= block):
+            classes = sorted(found)
+        elif block is not None:
+            if block > 1 << 30:
+                raise ConfigError(
+                    "slot_bytes", None, f"set explicitly: the model's block of {block} bytes is over 1 GiB"
+                )
+            classes = [_round_up(block)]
+        else:
+            return
+        if classes != self._classes:
+            self._set_classes(classes)
 
     # ----------------------------------------------------------------- declaration
     @classmethod
@@ -528,15 +585,41 @@ class NvmeBackend(Backend):
                     hint="install the gds extra (kvikio-cu12) on a machine with an NVIDIA GPU, or use io='posix'",
                 )
         try:
+            await anyio.to_thread.run_sync(self._derive_classes, limiter=self._limiter)
             await anyio.to_thread.run_sync(self._open_files, limiter=self._limiter)
             if use_kvikio:
                 await anyio.to_thread.run_sync(self._open_kvikio, limiter=self._limiter)
             await anyio.to_thread.run_sync(self._recover, limiter=self._limiter)
             self._executor = ThreadPoolExecutor(self._qd, thread_name_prefix=f"tierkv-{self.name}")
-        except BaseException:
+        except BaseException as exc:
             with anyio.CancelScope(shield=True):
                 await anyio.to_thread.run_sync(self._close_files)
+                await anyio.to_thread.run_sync(self._undo_create)
+            if isinstance(exc, OSError) and not isinstance(exc, TierKVError):
+                raise os_error(exc, f"cannot open the slab files in {self._dirs[0]}", tier=self.name) from exc
             raise
+        self._created.clear()
+        self._made_dirs.clear()
+
+    def _undo_create(self) -> None:
+        """After a failed open: remove the slab files this open created (and the directories
+        it made, when empty) and give files it initialised their old size back; files that
+        were there before with a valid geometry are never touched."""
+        for path, old_size in reversed(self._created):
+            try:
+                if old_size < 0:
+                    os.unlink(path)
+                else:
+                    os.truncate(path, old_size)
+            except OSError:
+                pass
+        for d in reversed(self._made_dirs):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        self._created.clear()
+        self._made_dirs.clear()
 
     def _open_kvikio(self) -> None:
         import kvikio
@@ -562,10 +645,12 @@ class NvmeBackend(Backend):
         chosen: str | None = None
         flags = os.O_RDWR | (os.O_DIRECT if self._direct else 0)
         for d in self._dirs:
+            missing = [p for p in (d, *d.parents) if not p.exists()]
             try:
                 d.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise BackendIOError(f"cannot create directory {d}: {exc}", tier=self.name) from exc
+                raise os_error(exc, f"cannot create directory {d}", tier=self.name) from exc
+            self._made_dirs.extend(reversed(missing))
         for s in self._slabs:
             exists = s.path.exists()
             try:
@@ -576,14 +661,20 @@ class NvmeBackend(Backend):
                         f"{s.path.parent} does not support O_DIRECT (tmpfs?); use a real filesystem or direct=false",
                         tier=self.name,
                     ) from exc
-                raise BackendIOError(f"cannot open {s.path}: {exc}", tier=self.name) from exc
+                raise os_error(exc, f"cannot open {s.path}", tier=self.name) from exc
+            if not exists:
+                self._created.append((s.path, -1))
             try:
-                algo = self._read_geometry(s) if exists and os.fstat(s.fd).st_size >= PAGE else None
+                size = os.fstat(s.fd).st_size
+                algo = self._read_geometry(s) if exists and size >= PAGE else None
                 if algo is None:
                     algo = chosen or want
+                    if exists:
+                        self._created.append((s.path, size))  # never finished initialising: recreated
+                    self._check_room(s)
                     self._create(s, algo)
             except OSError as exc:
-                raise BackendIOError(f"cannot initialise {s.path}: {exc}", tier=self.name) from exc
+                raise os_error(exc, f"cannot initialise {s.path}", tier=self.name) from exc
             if chosen is not None and algo != chosen:
                 raise ConfigError("checksum", algo, f"one algorithm for all slab files (others use {chosen})")
             chosen = algo
@@ -636,6 +727,21 @@ class NvmeBackend(Backend):
         # a torn checkpoint record means: verify every payload (-1)
         self._ckpt_seen.append(ck[1] if ck is not None and ck[0] == _CKPT_MAGIC else -1)
         return _CHECKSUMS[algo_id]
+
+    def _check_room(self, s: _Slab) -> None:
+        """Refuse (CapacityError, before writing it) a new slab file that its filesystem has
+        no room for (a failed open then removes the slab files it created before)."""
+        if not self._prefill:
+            return  # sparse: blocks take room as they are written (a full disk fails a write then)
+        st = os.fstatvfs(s.fd)
+        need = s.file_bytes - os.fstat(s.fd).st_size  # the slab files created before are in f_bavail
+        free = st.f_bavail * st.f_frsize
+        if need > free:
+            raise CapacityError(
+                f"capacity={self._capacity_opt} needs a {s.file_bytes}-byte slab file {s.path.name} but "
+                f"{s.path.parent} has {free} bytes free: lower capacity or free space",
+                tier=self.name,
+            )
 
     def _create(self, s: _Slab, algo: str) -> None:
         os.ftruncate(s.fd, 0)
@@ -1155,6 +1261,8 @@ class NvmeBackend(Backend):
             if await self._invalidate_shielded(si, slot):
                 self._settle(gen)
             self._release_slot(si, slot)
+            if isinstance(exc, OSError) and not isinstance(exc, TierKVError):
+                raise os_error(exc, f"{what} of {a.key!r}", tier=self.name) from exc
             if isinstance(exc, io_errors):
                 raise BackendIOError(f"{what} of {a.key!r} failed: {exc}", tier=self.name) from exc
             raise
@@ -1186,14 +1294,16 @@ class NvmeBackend(Backend):
             dst = into_view(into, e.nbytes, tier=self.name)
         e.readers += 1
         try:
-            out = await anyio.to_thread.run_sync(self._read_slot, e, key, dst, limiter=self._limiter)
+            # a read into this call's own buffer is abandoned by a cancelled caller (the thread
+            # finishes into that buffer, then it is dropped); into the caller's it is waited for
+            out = await run_blocking(self._read_slot, e, key, dst, limiter=self._limiter, abandon_on_cancel=dst is None)
         except IntegrityError:
             if self._index.get(key) is e:
                 await self._remove(key, e)
                 raise
             raise BlockNotFoundError(f"block {key!r} was evicted during read", tier=self.name) from None
         except OSError as exc:
-            raise BackendIOError(f"read of {key!r} failed: {exc}", tier=self.name) from exc
+            raise os_error(exc, f"read of {key!r}", tier=self.name) from exc
         finally:
             e.readers -= 1
             self._maybe_free(e)
@@ -1287,7 +1397,9 @@ class NvmeBackend(Backend):
                 await self._remove(key, e)
                 raise
             raise BlockNotFoundError(f"block {key!r} was evicted during read", tier=self.name) from None
-        except (OSError, RuntimeError) as exc:
+        except OSError as exc:
+            raise os_error(exc, f"device read of {key!r}", tier=self.name) from exc
+        except RuntimeError as exc:
             raise BackendIOError(f"device read of {key!r} failed: {exc}", tier=self.name) from exc
         finally:
             e.readers -= 1
@@ -1317,7 +1429,7 @@ class NvmeBackend(Backend):
                 await anyio.to_thread.run_sync(self._invalidate, e.slab, e.slot, limiter=self._limiter)
             except OSError as exc:
                 self._poisoned.add((e.slab, e.slot))
-                raise BackendIOError(f"evict of {key!r} failed: {exc}", tier=self.name) from exc
+                raise os_error(exc, f"evict of {key!r}", tier=self.name) from exc
         e.invalidated = True
         self._maybe_free(e)
 
@@ -1457,11 +1569,11 @@ class NvmeBackend(Backend):
             self._counters["bytes_written"] += a.nbytes
         if cancel is not None:
             if isinstance(cancel, OSError):
-                raise BackendIOError(f"write_many failed: {cancel}", tier=self.name) from cancel
+                raise os_error(cancel, "write_many", tier=self.name) from cancel
             raise cancel
         if first is not None:
             if isinstance(first, OSError):
-                raise BackendIOError(f"write_many: a write failed: {first}", tier=self.name) from first
+                raise os_error(first, "write_many: a write", tier=self.name) from first
             raise first
 
     async def read_many(self, keys: Sequence[str], *, into: Sequence[Buffer] | None = None) -> list[memoryview]:
@@ -1490,7 +1602,8 @@ class NvmeBackend(Backend):
         for e, _, _ in jobs:
             e.readers += 1
         try:
-            res = await anyio.to_thread.run_sync(self._read_batch, jobs, limiter=self._limiter)
+            # abandoned by a cancelled caller when every destination is this call's own
+            res = await run_blocking(self._read_batch, jobs, limiter=self._limiter, abandon_on_cancel=into is None)
         finally:
             for e, _, _ in jobs:
                 e.readers -= 1
@@ -1507,8 +1620,9 @@ class NvmeBackend(Backend):
                 else:
                     first = first or BlockNotFoundError(f"block {key!r} was evicted during read", tier=self.name)
             elif isinstance(r, OSError):
-                first = first or BackendIOError(f"read of {key!r} failed: {r}", tier=self.name)
-                first.__cause__ = r
+                if first is None:
+                    first = os_error(r, f"read of {key!r}", tier=self.name)
+                    first.__cause__ = r
             elif isinstance(r, BaseException):
                 first = first or r
         if quarantine:

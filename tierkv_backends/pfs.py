@@ -23,16 +23,19 @@ Options:
     How old a cached descriptor's last check may be before a read checks it again (one
     ``fstat``), like an NFS client's attribute cache; 0 checks on every read. See Reads.
 
-Layout (format 4; all under ``path``)::
+Layout (format 5; all under ``path``)::
 
+    tierkv-pfs-format          "5": the format of the store (a store with records and no
+                               such file is of format 4 and refused)
     objects/<scope>/<sha256>   content files: a 64-byte header ("tierkv4\\0", nbytes, the
                                xxh3-128 and the sha256 of the content) then the content;
                                named by the sha256 of the content, written once, never
                                modified
-    keys/<key>~<pfx>~<tag>     one record per key: a hard link to its content file; <pfx>
-                               is the first 32 hex digits of the content's sha256, <tag>
-                               the block's tag in unpadded base64url
-    keys/<key>~<pfx>~~<digest> the same for a tag too long for a file name; the tag is in
+    keys/<key>~<bind>~<tag>    one record per key: a hard link to its content file; <bind>
+                               (32 hex digits) binds the key, the content's sha256 and the
+                               tag (:func:`record_binding`), <tag> is the block's tag in
+                               unpadded base64url
+    keys/<key>~<bind>~~<digest> the same for a tag too long for a file name; the tag is in
                                tags/<digest> (the first 40 hex digits of its sha256)
     tmp/<host>.<pid>.<uuid>.tmp    temp files (named publish, record replacement)
     quarantine/<sha256>.<ns>   content that failed verification, kept for inspection
@@ -66,12 +69,16 @@ record whose bytes are not durable.
 
 Verification: every read checks the header (magic and size), the xxh3-128 of the bytes
 it read against the header (tens of GB/s; the full bytes are compared when a write
-deduplicates), and the header's sha256 against the prefix in the record's name. Bad
+deduplicates), and that the record's binding is the digest of the key and tag in its name
+and the header's sha256 (so a record renamed to another key or tag, or linked to another
+block's content, is never served: it raises IntegrityError and is removed; this catches
+misfiled and renamed records, not a writer of the directory who recomputes bindings, who
+could as well write any content). Bad
 content raises :class:`~tierkv.IntegrityError`; the content file is linked into
 ``quarantine/`` and every record of it this process knows, and its ``objects/`` name,
 are unlinked, so it is never served again (other processes' reads of it fail
-verification in turn). A record linked to another block's sound content file also
-raises IntegrityError; only that record is removed. A missing record reads as
+verification in turn). A record linked to another block's sound content file, or one whose
+binding does not match its name, also raises IntegrityError; only that record is removed. A missing record reads as
 :class:`~tierkv.BlockNotFoundError`. With ``read(into=...)`` the caller's buffer
 receives the bytes before they are verified; on an error its content is undefined.
 
@@ -110,7 +117,12 @@ not cached get ``POSIX_FADV_WILLNEED``, and the rest is spread over ``max_concur
 threads so that several reads are in flight on the medium. Blocks over
 :data:`_PIECE_BYTES` are hashed piece by piece while each piece is in the CPU cache.
 
-Cancellation: worker threads are never abandoned. A cancelled ``write`` or
+Cancellation: a cancelled ``read`` or ``read_many`` without ``into`` returns at once even
+while the medium stalls: its worker threads finish in the background into the buffers of
+that call, which are then dropped (:func:`~tierkv._backend.run_blocking`; each keeps its
+slot of the ``max_concurrency`` limiter until it ends). Reads into a caller's buffers, and
+every write and evict, wait for their threads. A full filesystem (``ENOSPC``, ``EDQUOT``)
+fails a write with :class:`~tierkv.CapacityError` after removing what it created. A cancelled ``write`` or
 ``write_many`` waits for its I/O, then removes what it published (records, and content
 files no other record links; shielded) and releases its reservations; an ``evict``
 drops the key from the index first and finishes its unlinks shielded from
@@ -120,6 +132,7 @@ cancellation.
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import hashlib
 import os
@@ -155,6 +168,8 @@ from tierkv._backend import (
     as_byte_view,
     check_allocation,
     into_view,
+    os_error,
+    run_blocking,
     validate_key,
 )
 from tierkv._errors import (
@@ -196,9 +211,12 @@ _PIECE_BYTES = 512 << 10
 #: a batch whose blocks average at most this many bytes reads its cached part in one thread
 _SMALL_BLOCK_BYTES = 64 << 10
 _NAME_MAX = 255
-#: bytes of the content's sha256 in a record's name (checked on every read: a record linked
-#: to the wrong content file is caught even though that file is consistent in itself)
+#: bytes of a record's binding in its name: a digest of the key, the content's sha256 and the
+#: tag (checked on every read: a record linked to the wrong content file, or renamed to
+#: another key or tag, is caught even though the content file is consistent in itself)
 _PFX = 16
+_FORMAT = 5
+_FORMAT_FILE = "tierkv-pfs-format"
 _TAG_SEP = "~"
 
 
@@ -214,11 +232,22 @@ def _tag_digest(tag: bytes) -> str:
     return hashlib.sha256(tag).hexdigest()[:40]
 
 
+def record_binding(key: str, sha: bytes, tag: bytes) -> bytes:
+    """The binding of a record (16 bytes): the first bytes of the sha256 of the key, the
+    content's sha256 and the tag. A record's name carries it; a read checks it against the
+    key and tag of the name and the sha256 in the content file's header, so a record
+    renamed to another key or tag (or linked to another block's content) never serves
+    those bytes. Pure."""
+    kb = key.encode("ascii")
+    return hashlib.sha256(b"tierkv-pfs-record\0" + len(kb).to_bytes(1, "little") + kb + sha + tag).digest()[:_PFX]
+
+
 def record_name(key: str, tag: bytes, sha: bytes) -> tuple[str, str]:
     """The record file name of ``key`` with ``tag`` and content sha256 ``sha``
-    ("<key>~<first 32 hex digits of the sha256>~<tag>"), and the ``tags/`` file name
-    holding the tag when it does not fit in the name ("" when it does). Pure."""
-    head = key + _TAG_SEP + sha[:_PFX].hex() + _TAG_SEP
+    ("<key>~<32 hex digits of the binding>~<tag>", see :func:`record_binding`), and the
+    ``tags/`` file name holding the tag when it does not fit in the name ("" when it
+    does). Pure."""
+    head = key + _TAG_SEP + record_binding(key, sha, tag).hex() + _TAG_SEP
     name = head + _b64(tag)
     if len(name) <= _NAME_MAX:
         return name, ""
@@ -227,7 +256,7 @@ def record_name(key: str, tag: bytes, sha: bytes) -> tuple[str, str]:
 
 
 def parse_record_name(name: str) -> tuple[str, bytes, bytes | None, str]:
-    """(key, content sha256 prefix, tag, tags/ file) of a record name: the tag when it is
+    """(key, binding, tag, tags/ file) of a record name: the tag when it is
     in the name (the tags/ file is then ""), else None and the tags/ file. ValueError
     for a name that is not a format-4 record. Pure."""
     key, sep, rest = name.partition(_TAG_SEP)
@@ -269,8 +298,21 @@ class _Rec:
     nbytes: int
     tag: bytes
     scope: str
-    pfx: bytes  # the first bytes of the content's sha256, from the name
+    pfx: bytes  # the record's binding (of key, content sha256 and tag), from the name
     sha: str = ""
+    shab: bytes = b""  # the content's sha256 once verified (written or read) by this process
+
+    def owns(self, sha: bytes) -> bool:
+        """Whether the content file whose header says ``sha`` is the one this record's
+        name binds to its key and tag (:func:`record_binding`)."""
+        if self.shab:
+            return sha == self.shab
+        if record_binding(self.name.partition(_TAG_SEP)[0], sha, self.tag) != self.pfx:
+            return False
+        self.shab = sha
+        if not self.sha:
+            self.sha = sha.hex()
+        return True
 
 
 class _Res:
@@ -297,7 +339,7 @@ class _Put:
 
     @property
     def pfx(self) -> bytes:
-        return bytes.fromhex(self.sha[: 2 * _PFX])
+        return parse_record_name(self.name)[1]
 
 
 @dataclass(slots=True)
@@ -411,6 +453,14 @@ def _default_open_files() -> int:
     if soft == resource.RLIM_INFINITY:
         return 4096
     return max(0, min(4096, soft // 4))
+
+
+def _is_record(name: str) -> bool:
+    try:
+        parse_record_name(name)
+    except (ValueError, InputError):
+        return False
+    return True
 
 
 def _close_fds(*fds: int) -> None:
@@ -574,22 +624,55 @@ class PfsBackend(Backend):
                 "an empty directory or a pfs store of format 4; this one was written by an earlier "
                 "development format (segments/ or symbolic-link records): move it aside or empty it",
             )
+        marker = self._root / _FORMAT_FILE
+        try:
+            fmt: str | None = marker.read_text(encoding="ascii").strip()
+        except FileNotFoundError:
+            fmt = None
+        except (OSError, UnicodeDecodeError):
+            fmt = "unreadable"
+        if fmt is None and keys.is_dir() and any(_is_record(e.name) for e in os.scandir(keys)):
+            fmt = "4"  # records without a format file: written before record bindings
+        if fmt is not None and fmt != str(_FORMAT):
+            raise ConfigError(
+                f"{self.name}.path",
+                str(self._root),
+                f"an empty directory or a pfs store of format {_FORMAT}; this one is of format {fmt} "
+                "(its records carry no key binding): move it aside or empty it",
+            )
         for sub in ("objects", "keys", "tags", "tmp", "quarantine"):
             (self._root / sub).mkdir(parents=True, exist_ok=True)
+        if fmt is None:
+            tmp = self._root / "tmp" / self._tmp_name()
+            try:
+                with open(tmp, "w", encoding="ascii") as f:
+                    f.write(f"{_FORMAT}\n")
+                    f.flush()
+                    if self._fsync:
+                        os.fsync(f.fileno())
+                os.rename(tmp, marker)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+            self._fsync_dir(self._root)
         self._dirfd = os.open(self._root, os.O_RDONLY | os.O_DIRECTORY)
         self._keys_fd = os.open(self._root / "keys", os.O_RDONLY | os.O_DIRECTORY)
         # closed when the backend is collected, not at aclose: a worker thread may still be
         # using them, and a closed number reused by another open would redirect its lookups
         weakref.finalize(self, _close_fds, self._dirfd, self._keys_fd)
 
-    async def _thread(self, fn: Any, *args: Any) -> Any:
-        """Run blocking ``fn`` in a worker thread; OSError becomes BackendIOError."""
+    async def _thread(self, fn: Any, *args: Any, abandon: bool = False) -> Any:
+        """Run blocking ``fn`` in a worker thread (:func:`~tierkv._backend.run_blocking`;
+        with ``abandon`` a cancelled caller does not wait for it); an OSError is translated
+        by :func:`~tierkv._backend.os_error` (a full disk is CapacityError)."""
+        assert self._limiter is not None
         try:
-            return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+            return await run_blocking(fn, *args, limiter=self._limiter, abandon_on_cancel=abandon)
         except TierKVError:
             raise
         except OSError as exc:
-            raise BackendIOError(f"{getattr(fn, '__name__', 'io')}: {exc}", tier=self.name) from exc
+            raise os_error(exc, getattr(fn, "__name__", "io"), tier=self.name) from exc
 
     # -------------------------------------------------------------- file layer
     def _obj(self, scope: str, sha: str) -> Path:
@@ -657,12 +740,17 @@ class PfsBackend(Backend):
         except FileNotFoundError:
             pass
         tmp = self._root / "tmp" / self._tmp_name()
-        with open(tmp, "wb") as f:
-            f.write(tag)
-            f.flush()
-            if self._fsync:
-                os.fsync(f.fileno())
-        os.rename(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(tag)
+                f.flush()
+                if self._fsync:
+                    os.fsync(f.fileno())
+            os.rename(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)  # a full disk must not leave temp files behind
+            raise
         self._fsync_dir(path.parent)
         self._tags[digest] = tag
 
@@ -850,7 +938,9 @@ class PfsBackend(Backend):
         for rec in undo.quarantine:
             path = self._key_path(rec.name)
             sha, ino = self._read_header_sha(path)
-            if rec.pfx and not sha.startswith(rec.pfx.hex()):
+            if rec.pfx and not (
+                sha and record_binding(rec.name.partition(_TAG_SEP)[0], bytes.fromhex(sha), rec.tag) == rec.pfx
+            ):
                 sha = ""  # the header itself is damaged
             sha = rec.sha or sha
             if ino == rec.ino:
@@ -930,11 +1020,7 @@ class PfsBackend(Backend):
             chk = xxhash.xxh3_128_digest(dst)
         magic, nb, hchk, sha = _HDR.unpack(head)
         if magic == _MAGIC and nb == n and hchk == chk:
-            if sha[:_PFX] != rec.pfx:
-                return "wrong"
-            if not rec.sha:
-                rec.sha = sha.hex()
-            return "ok"
+            return "ok" if rec.owns(sha) else "wrong"
         return "bad"
 
     def _cold_or_bad(self, fd: int, got: int, off: int, want: int, nowait: bool) -> str:
@@ -968,7 +1054,7 @@ class PfsBackend(Backend):
         inline = nowait and self._nowait
         now = time.monotonic()
         stale = now - self._revalidate_s
-        digest, unpack, magic0, hsize, pl = xxhash.xxh3_128_digest, _HDR.unpack, _MAGIC, _HDR.size, _PFX
+        digest, unpack, magic0, hsize = xxhash.xxh3_128_digest, _HDR.unpack, _MAGIC, _HDR.size
         try:
             for (rec, dst), h in zip(jobs, handles, strict=True):
                 if h is not None and h.checked <= stale:
@@ -1003,12 +1089,7 @@ class PfsBackend(Backend):
                     continue
                 magic, nb, hchk, sha = unpack(head)
                 if magic == magic0 and nb == n and hchk == digest(dst):
-                    if sha[:pl] != rec.pfx:
-                        append("wrong")
-                        continue
-                    if not rec.sha:
-                        rec.sha = sha.hex()
-                    append("ok")
+                    append("ok" if (sha == rec.shab if rec.shab else rec.owns(sha)) else "wrong")
                 else:
                     append("bad")
         finally:
@@ -1286,7 +1367,7 @@ class PfsBackend(Backend):
         try:
             return await anyio.to_thread.run_sync(self._raw_files, op, block_bytes, count, concurrency)
         except OSError as exc:
-            raise BackendIOError(f"raw reference failed: {exc}", tier=self.name) from exc
+            raise os_error(exc, "raw reference", tier=self.name) from exc
 
     def _raw_files(self, op: str, block_bytes: int, count: int, concurrency: int) -> Any:
         from concurrent.futures import ThreadPoolExecutor
@@ -1350,7 +1431,7 @@ class PfsBackend(Backend):
             emulated=False,
             details={
                 "path": str(self._root),
-                "format": 4,
+                "format": _FORMAT,
                 "publish": "O_TMPFILE + linkat" if self._tmpfile else "temp file + rename",
                 "dedup": self._dedup,
                 "logical_bytes": self._logical,
@@ -1459,12 +1540,22 @@ class PfsBackend(Backend):
             p = puts[i]
             err: Exception | None = None
             if i in failed:
-                err = BackendIOError(f"write of {key!r} failed: {failed[i]}", tier=self.name)
+                f = failed[i]
+                err = (
+                    os_error(f, f"write of {key!r}", tier=self.name)
+                    if isinstance(f, OSError)
+                    else BackendIOError(f"write of {key!r} failed: {f}", tier=self.name)
+                )
+                err.__cause__ = f
             elif res.dropped:
                 err = BlockNotFoundError(f"reservation for {key!r} was evicted during the write", tier=self.name)
             elif self._closed:
                 err = BackendClosedError("backend closed during the write", tier=self.name)
-            rec = None if p is None else _Rec(p.name, p.ino, res.nbytes, res.tag, scope, p.pfx, p.sha)
+            rec = (
+                None
+                if p is None
+                else _Rec(p.name, p.ino, res.nbytes, res.tag, scope, p.pfx, p.sha, bytes.fromhex(p.sha))
+            )
             if err is not None:
                 self._release(key, res)
                 if rec is not None:
@@ -1502,13 +1593,19 @@ class PfsBackend(Backend):
         statuses: list[str] = ["cold"] * n
         order = list(range(n))
 
+        # reads into this call's own buffers are abandoned by a cancelled caller (a stalled
+        # medium cannot hold its deadline); into a caller's buffers they are waited for
+        abandon = into is None
+
         async def one(idx: list[int], nowait: bool, pieces: bool = False) -> None:
             nonlocal statuses
             if len(idx) == n:  # the whole batch in one hop
-                statuses = await self._thread(self._read_slice, list(zip(recs, outs, strict=True)), nowait, pieces)
+                statuses = await self._thread(
+                    self._read_slice, list(zip(recs, outs, strict=True)), nowait, pieces, abandon=abandon
+                )
                 return
             jobs = [(recs[i], outs[i]) for i in idx]
-            got: list[str] = await self._thread(self._read_slice, jobs, nowait, pieces)
+            got: list[str] = await self._thread(self._read_slice, jobs, nowait, pieces, abandon=abandon)
             for i, st in zip(idx, got, strict=True):
                 statuses[i] = st
 
