@@ -232,22 +232,40 @@ async def test_miss_integrity_corrupt_pfs_file(tmp_path: Path, otel: Otel) -> No
     assert otel.value(otel.metrics(), "tierkv.misses", reason="integrity") == 1
 
 
-async def test_miss_different_scope(tmp_path: Path, otel: Otel) -> None:
+async def test_miss_other_tenant_is_never_stored_for_the_caller(tmp_path: Path, otel: Otel) -> None:
+    """One tenant learns nothing of another's cache: bob asking for alice's prompt gets the
+    same answer as for a prompt nobody stored; only the operator's metric knows better."""
     toks = list(range(48))
     async with await open_kv(config(tmp_path), otel) as kv:
         await kv.put(toks, kv_for(48), tenant="alice")
         g = await kv.get(toks, tenant="bob")
-        assert g.tokens == 0 and g.miss_reason == "different_scope"
+        assert g.tokens == 0 and g.miss_reason == "never_stored"
+        nobody = await kv.get(list(range(5000, 5048)), tenant="bob")
+        assert nobody.miss_reason == "never_stored"
         lk = await kv.lookup(toks, tenant="bob")
         assert lk.tokens == 0
-    get = otel.attrs("tierkv.get")[-1]
-    assert get["tierkv.miss_reason"] == "different_scope"
-    assert otel.attrs("tierkv.lookup")[-1]["tierkv.miss_reason"] == "different_scope"
+        assert kv.misses_by_reason == {"different_scope": 1, "never_stored": 1}  # the operator's view
+    get = otel.attrs("tierkv.get")[-2]
+    assert get["tierkv.miss_reason"] == "never_stored"
+    assert otel.attrs("tierkv.lookup")[-1]["tierkv.miss_reason"] == "never_stored"
     put_tid = otel.attrs("tierkv.put")[0]["tierkv.tenant"]
     assert get["tierkv.tenant"] != put_tid  # per-tenant, hashed
     m = otel.metrics()
     assert otel.value(m, "tierkv.misses", reason="different_scope", tenant=get["tierkv.tenant"]) == 1
     assert otel.value(m, "tierkv.misses", tenant=put_tid) == 0
+
+
+async def test_miss_different_scope_of_the_same_tenant(tmp_path: Path, otel: Otel) -> None:
+    """The same tenant's tokens stored under an older model revision: ``different_scope``."""
+    toks = list(range(48))
+    async with await open_kv(config(tmp_path), otel) as kv:
+        await kv.put(toks, kv_for(48), tenant="alice", durable=True)
+    newer = config(tmp_path)
+    newer["model"] = {**newer["model"], "revision": "newer"}
+    async with await open_kv(newer, otel) as kv:
+        g = await kv.get(toks, tenant="alice")
+        assert g.tokens == 0 and g.miss_reason == "different_scope"
+        assert (await kv.get(toks, tenant="bob")).miss_reason == "never_stored"
 
 
 async def test_miss_gated_and_gate_span(tmp_path: Path, otel: Otel) -> None:

@@ -388,7 +388,10 @@ class TierKV:
             if tc.codec is not None:
                 t.codec = self._make_codec(t, tc.codec)
         self._fetch_limiter = anyio.CapacityLimiter(self._sched.max_fetches)
-        self._roots: dict[bytes, int] = {}
+        #: (tenant, root) -> blocks at position 0 with that root: tells a tenant's own
+        #: ``different_scope`` miss from ``never_stored``; ``_roots_any`` is the operator's view
+        self._roots: dict[tuple[bytes, bytes], int] = {}
+        self._roots_any: dict[bytes, int] = {}
         self._service_tg: TaskGroup | None = None
         self._jobs: MemoryObjectSendStream[tuple[Any, ...]] | None = None
         self._pending_jobs: set[tuple[Any, ...]] = set()
@@ -904,8 +907,23 @@ class TierKV:
             raise ConfigError(
                 f"tiers.{t.name}.codec", dict(spec), "raw, lz4 or zstd for this kv_dtype (lossy codecs need float16/32)"
             )
+        mla = self._spec.attention == "mla"
+        if mla and spec.get("codec") == "auto":
+            if spec.get("allow_lossy") is True:
+                raise ConfigError(
+                    f"tiers.{t.name}.codec.allow_lossy", True, "false for an MLA model (lossy codecs need K/V heads)"
+                )
+            spec = {**spec, "allow_lossy": False}
         bw = self._sched.estimators[self._tiers.index(t)].bandwidth_Bps if t in self._tiers else None
-        return TierCodec.from_config(spec, bandwidth_Bps=bw if spec.get("codec") == "auto" else None, tier=t.name)
+        tc = TierCodec.from_config(spec, bandwidth_Bps=bw if spec.get("codec") == "auto" else None, tier=t.name)
+        if mla and not tc.lossless:
+            raise ConfigError(
+                f"tiers.{t.name}.codec",
+                dict(spec),
+                "a lossless codec (raw, lz4, zstd) for an MLA model: lossy codecs quantize per K/V head, "
+                "and the MLA latent has none",
+            )
+        return tc
 
     def _adopt(self, e: _Entry, root: bytes) -> None:
         """Insert a new entry into the index (under the lock, or before serving)."""
@@ -915,8 +933,13 @@ class TierKV:
         parent = self._index.get(e.parent.hex()) if e.pos else None
         if parent is not None:
             parent.children += 1
-        if root:
-            self._roots[root] = self._roots.get(root, 0) + 1
+        if not root and e.pos == 0:
+            parsed = unpack_tag(e.tag)
+            root = parsed[6] if parsed is not None else b""
+        if root and e.pos == 0:
+            rk = (e.tenant[:16], root[:8])
+            self._roots[rk] = self._roots.get(rk, 0) + 1
+            self._roots_any[root[:8]] = self._roots_any.get(root[:8], 0) + 1
 
     async def _encode_for(self, ti: int, raw: memoryview) -> memoryview:
         """The bytes tier ``ti`` stores for a block (its codec's self-describing
@@ -1304,6 +1327,8 @@ class TierKV:
                 parent = self._index.get(e.parent.hex()) if e.pos else None
                 if parent is not None and parent.children > 0:
                     parent.children -= 1
+                if e.pos == 0:
+                    self._unroot(e)
                 self._tiers[e.tier].lru.pop(e.key, None)
                 if e.backing >= 0:
                     self._tiers[e.backing].backed.discard(e.key)
@@ -1316,17 +1341,40 @@ class TierKV:
             self._tel.evictions.add(1, {"tier": self._tiers[e.tier].name, "reason": reason})
 
     # ---------------------------------------------------------------- lookup
-    def _walk(self, keys: list[bytes]) -> tuple[list[_Entry], str]:
-        """Index entries of the longest stored prefix and, if it ends early, why."""
+    def _walk(self, keys: list[bytes], tid: bytes) -> tuple[list[_Entry], str]:
+        """Index entries of the longest stored prefix and, if it ends early, why.
+
+        Each entry's tag must belong to the chain being walked (parent key, position,
+        model scope, tenant): an entry whose tag names another place (a record renamed or
+        forged on a shared medium) ends the prefix as ``integrity`` and is never served."""
         out: list[_Entry] = []
-        for k in keys:
+        ms = self._model_scope[:16]
+        parent = _ZERO32
+        check_tenant = not self.config.share_across_tenants  # shared: one key space, any tenant's blocks
+        for i, k in enumerate(keys):
             e = self._index.get(k.hex())
             if e is None:
                 return out, "never_stored"
+            if (
+                e.pos != i
+                or e.parent != parent
+                or e.model_scope[:16] != ms
+                or (check_tenant and e.tenant[:16] != tid[:16])
+            ):
+                return out, "integrity"
             if not self._tiers[e.tier].healthy and not (e.backing >= 0 and self._tiers[e.backing].healthy):
                 return out, "tier_unhealthy"
             out.append(e)
+            parent = k
         return out, ""
+
+    async def _drop_forged(self, keys: list[bytes], found: int, reason: str) -> None:
+        """After a walk that ended on an entry whose tag is not of its chain: remove it."""
+        if reason == "integrity" and found < len(keys):
+            e = self._index.get(keys[found].hex())
+            if e is not None:
+                self._tel.decision("forged_tag", {"tierkv.block": e.key[:16], "tierkv.tier": self._tiers[e.tier].name})
+                await self._drop(e)
 
     async def _adopt_shared(self, keys: list[bytes], start: int, tid: bytes) -> int:
         """Adopt blocks ``keys[start:]`` that another process committed on a shared
@@ -1377,13 +1425,32 @@ class TierKV:
             adopted += 1
         return adopted
 
-    def _miss_reason(self, arr: np.ndarray[Any, Any], found: int, reason: str) -> str:
-        """Refine ``never_stored`` at the first block into ``different_scope`` when
-        the same tokens are stored under another tenant or model scope."""
+    def _unroot(self, e: _Entry) -> None:
+        parsed = unpack_tag(e.tag)
+        if parsed is None or not parsed[6]:
+            return
+        root = parsed[6][:8]
+        rk = (e.tenant[:16], root)
+        if self._roots.get(rk, 0) > 1:
+            self._roots[rk] -= 1
+        else:
+            self._roots.pop(rk, None)
+        if self._roots_any.get(root, 0) > 1:
+            self._roots_any[root] -= 1
+        else:
+            self._roots_any.pop(root, None)
+
+    def _miss_reason(self, arr: np.ndarray[Any, Any], found: int, reason: str, tid: bytes) -> tuple[str, str]:
+        """(the caller's reason, the operator's reason) for a prefix that ended after
+        ``found`` blocks. The caller's view refines ``never_stored`` at the first block into
+        ``different_scope`` only when *the same tenant* stored these tokens under another
+        model scope: one tenant never learns what another cached. The operator's view (for
+        operator-side telemetry only) says ``different_scope`` for any tenant's copy."""
         if reason == "never_stored" and found == 0 and len(arr) >= self._block_tokens:
-            if _root_of(arr, self._block_tokens) in self._roots:
-                return "different_scope"
-        return reason
+            root = _root_of(arr, self._block_tokens)[:8]
+            own = "different_scope" if (tid[:16], root) in self._roots else reason
+            return own, "different_scope" if root in self._roots_any else reason
+        return reason, reason
 
     async def lookup(self, tokens: object, *, tenant: str | None = None) -> LookupResult:
         """How many leading tokens are stored, and in which tiers (no data moved).
@@ -1393,9 +1460,10 @@ class TierKV:
         self._check_open()
         arr, keys, tid = self._keys(tokens, tenant)
         with self._tel.timed("lookup") as span:
-            entries, reason = self._walk(keys)
+            entries, reason = self._walk(keys, tid)
             if reason == "never_stored" and await self._adopt_shared(keys, len(entries), tid):
-                entries, reason = self._walk(keys)
+                entries, reason = self._walk(keys, tid)
+            await self._drop_forged(keys, len(entries), reason)
             block_tiers = [self._serving_tier(e).name for e in entries]
             tiers = tuple(t.name for t in self._tiers if t.name in block_tiers)
             hit = len(entries) * self._block_tokens
@@ -1406,7 +1474,7 @@ class TierKV:
                         "tierkv.hit_tokens": hit,
                         "tierkv.tiers_hit": list(tiers),
                         "tierkv.tenant": tid.hex(),
-                        "tierkv.miss_reason": self._miss_reason(arr, len(entries), reason)
+                        "tierkv.miss_reason": self._miss_reason(arr, len(entries), reason, tid)[0]
                         if len(entries) < len(keys)
                         else "",
                     }
@@ -1441,18 +1509,27 @@ class TierKV:
         self._check_open()
         arr, keys, tid = self._keys(tokens, tenant)
         with self._tel.timed("get") as span:
-            found, reason = self._walk(keys)
+            found, reason = self._walk(keys, tid)
             if reason == "never_stored":
                 await self._adopt_shared(keys, len(found), tid)
-            entries, reason = self._walk(keys)
+            entries, reason = self._walk(keys, tid)
+            if reason == "integrity":
+                await self._drop_forged(keys, len(entries), reason)
+                found_before = len(entries)
+                entries, reason = self._walk(keys, tid)
+                if reason == "never_stored" and len(entries) == found_before:
+                    reason = "integrity"  # the forged entry is gone; the caller learns why the prefix ended
             with self._pinned(entries):
                 self._record_access(entries, len(keys), len(entries))
-                result = await self._admitted_fetch(entries, len(keys), out, arr, reason)
-            self._after_get(result, entries, tid, span, len(arr))
+                result = await self._admitted_fetch(entries, len(keys), out, arr, reason, tid)
+            operator_reason = result.miss_reason
+            if operator_reason == "never_stored":
+                operator_reason = self._miss_reason(arr, result.tokens // self._block_tokens, "never_stored", tid)[1]
+            self._after_get(result, entries, tid, span, len(arr), operator_reason)
         return result
 
     async def _admitted_fetch(
-        self, entries: list[_Entry], wanted: int, out: Any, arr: np.ndarray[Any, Any], reason: str
+        self, entries: list[_Entry], wanted: int, out: Any, arr: np.ndarray[Any, Any], reason: str, tid: bytes
     ) -> GetResult:
         """Admission control: at most ``max_concurrent_fetches`` reads at once; with
         ``fetch_wait_s`` a request that cannot start within that budget is
@@ -1461,7 +1538,7 @@ class TierKV:
         wait = self._sched.fetch_wait_s
         if wait is None or not entries:
             async with self._fetch_limiter:
-                return await self._fetch(entries, wanted, out, arr, reason)
+                return await self._fetch(entries, wanted, out, arr, reason, tid)
         acquired = False
         with anyio.move_on_after(wait):
             await self._fetch_limiter.acquire()
@@ -1469,16 +1546,21 @@ class TierKV:
         if not acquired:
             return GetResult(0, None, (), "overloaded")
         try:
-            return await self._fetch(entries, wanted, out, arr, reason)
+            return await self._fetch(entries, wanted, out, arr, reason, tid)
         finally:
             self._fetch_limiter.release()
 
-    def _after_get(self, r: GetResult, entries: list[_Entry], tid: bytes, span: Any, tokens: int) -> None:
+    def _after_get(
+        self, r: GetResult, entries: list[_Entry], tid: bytes, span: Any, tokens: int, operator_reason: str
+    ) -> None:
+        """Account one get. ``misses_by_reason`` and the ``tierkv.misses`` metric are the
+        operator's: they carry the operator's view of the reason (``operator_reason``, which
+        may know of another tenant's blocks); the result and the span carry the caller's."""
         tel = self._tel
         tenant = tid.hex()
         if r.miss_reason:
-            self.misses_by_reason[r.miss_reason] = self.misses_by_reason.get(r.miss_reason, 0) + 1
-            tel.misses.add(1, {"reason": r.miss_reason, "tenant": tenant})
+            self.misses_by_reason[operator_reason] = self.misses_by_reason.get(operator_reason, 0) + 1
+            tel.misses.add(1, {"reason": operator_reason, "tenant": tenant})
         if r.tokens:
             tel.tokens_saved += r.tokens
             tel.saved_tokens.add(r.tokens, {"tenant": tenant})
@@ -1610,11 +1692,11 @@ class TierKV:
         self._sched.estimators[ti].observe(nbytes, time.perf_counter() - t0)
 
     async def _fetch(
-        self, entries: list[_Entry], wanted: int, out: Any, arr: np.ndarray[Any, Any], reason: str
+        self, entries: list[_Entry], wanted: int, out: Any, arr: np.ndarray[Any, Any], reason: str, tid: bytes
     ) -> GetResult:
         bt = self._block_tokens
         n = len(entries)
-        miss_reason = "" if n == wanted else self._miss_reason(arr, n, reason)
+        miss_reason = "" if n == wanted else self._miss_reason(arr, n, reason, tid)[0]
         if n == 0:
             if wanted:
                 self._tiers[-1].misses += 1
@@ -1882,10 +1964,24 @@ class TierKV:
           ``tierkv`` policy does the same). Repeated calls for one request are
           ignored.
 
-        Raises ConfigError for an unknown transition label, InputError for a
-        ``response_tokens`` that is not an int >= 0.
+        Raises ConfigError for an unknown transition label; InputError (nothing changed)
+        for a ``transition`` or ``tool`` that is not a non-empty string, a
+        ``decode_position`` or ``response_tokens`` that is not an int >= 0, a
+        ``decode_position`` without ``tokens`` (or ``tokens`` without it), a bad tenant.
         """
         sched = self._sched
+        for field, value in (("transition", transition), ("tool", tool)):
+            if value is not None and (not isinstance(value, str) or not value or len(value) > 256):
+                raise InputError(f"hint {field}: expected a non-empty string of at most 256 characters, got {value!r}")
+        if decode_position is not None:
+            if isinstance(decode_position, bool) or not isinstance(decode_position, int) or decode_position < 0:
+                raise InputError(f"hint decode_position: expected an int >= 0, got {decode_position!r}")
+            if tokens is None:
+                raise InputError("hint decode_position: needs the request's tokens (tokens=...)")
+        if tokens is not None and decode_position is None:
+            raise InputError("hint tokens: only meaningful with decode_position")
+        if tenant is not None:
+            self._scope_digest(tenant)  # validates it
         if response_tokens is not None:
             if isinstance(response_tokens, bool) or not isinstance(response_tokens, int) or response_tokens < 0:
                 raise InputError(f"response_tokens: expected an int >= 0, got {response_tokens!r}")
