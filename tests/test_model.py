@@ -506,3 +506,83 @@ def test_layer_plan_agrees_with_transformers(path: Path) -> None:
     assert plan == list(their_plan)
     if ours.sliding_layers:
         assert ours.sliding_window == theirs.sliding_window
+
+
+# ---------------------------------------------------------------- tensor parallelism (issue 18, item 21)
+
+
+def test_deepseek_v3_tp8_worked_example_mla_aware() -> None:
+    """The design's worked example: DeepSeek-V3, 30e9 bytes (30 GB, decimal) of KV per GPU, n_max 4,096, TP 8.
+
+    The MLA latent (512 + 64 = 576 elements x 2 bytes = 1,152 bytes per token per layer) is
+    replicated on every rank, so TP does not change it: 30e9 / (61 x 1,152 x 4,096) = 104.2.
+    """
+    s = spec("deepseek-v3")
+    assert s.bytes_per_token_per_layer(FP16, tp=8) == 1_152 == s.bytes_per_token_per_layer(FP16)
+    assert s.kv_heads_per_rank(8) == 1
+    memory = 30 * 10**9  # bytes
+    assert 104.2 < memory / (61 * 1_152 * 4_096) < 104.3
+    assert s.max_batch(memory, 4_096, FP16, tp=8) == 104
+    assert s.max_batch(memory, 4_096, FP16, tp=8) == s.max_batch(memory, 4_096, FP16)
+
+
+def test_deepseek_v3_tp8_worked_example_mha_equivalent_both_units() -> None:
+    """MHA-equivalent: the 128 heads sharded 8 ways, 16 per rank: 2 x 16 x 128 x 2 = 8,192 bytes per token
+    per layer per GPU. 30e9 bytes gives 14.66 -> 14; 30 GiB (30 x 2**30 bytes) gives 15.74 -> 15."""
+    s = spec("deepseek-v3")
+    assert s.mha_equivalent_bytes_per_token_per_layer(FP16, tp=8) == 8_192
+    per_seq = 61 * 8_192 * 4_096
+    assert s.bytes_per_sequence(4_096, FP16, tp=8, mha_equivalent=True) == per_seq
+    assert 14.65 < 30 * 10**9 / per_seq < 14.67
+    assert 15.73 < 30 * 2**30 / per_seq < 15.75
+    assert s.max_batch(30 * 10**9, 4_096, FP16, tp=8, mha_equivalent=True) == 14
+    assert s.max_batch(30 * 2**30, 4_096, FP16, tp=8, mha_equivalent=True) == 15
+    # MLA-aware against MHA-equivalent with the same (decimal) budget: 104 against 14
+    assert (
+        s.max_batch(30 * 10**9, 4_096, FP16, tp=8) // s.max_batch(30 * 10**9, 4_096, FP16, tp=8, mha_equivalent=True)
+        == 7
+    )
+
+
+def test_gqa_heads_are_sharded_and_replicated_when_fewer_than_ranks() -> None:
+    s = spec("llama-3.1-70b")  # 8 KV heads, head_dim 128
+    assert [s.kv_heads_per_rank(t) for t in (1, 2, 3, 4, 8, 16, 64)] == [8, 4, 3, 2, 1, 1, 1]
+    assert s.bytes_per_token_per_layer(FP16, tp=8) == 2 * 1 * 128 * 2
+    assert s.bytes_per_token_per_layer(FP16, tp=16) == 2 * 1 * 128 * 2  # a replica of one head per rank
+    n_max = 8_192
+    m = 80 * 2**30
+    assert s.max_batch(m, n_max, tp=8) == m // (80 * n_max * 512) == 8 * s.max_batch(m, n_max)
+    assert s.max_batch(m, n_max, tp=16) == s.max_batch(m, n_max, tp=8)
+    assert s.max_batch(m, n_max, tp=1) == s.max_batch(m, n_max) == 32
+
+
+@pytest.mark.parametrize("tp", [0, -1, 1.5, True, "8"])
+def test_tp_must_be_a_positive_int(tp: Any) -> None:
+    s = spec("llama-3.1-70b")
+    with pytest.raises(InputError, match="tp"):
+        s.max_batch(2**30, 1_024, tp=tp)
+    with pytest.raises(InputError, match="tp"):
+        s.kv_heads_per_rank(tp)
+    with pytest.raises(InputError, match="tp"):
+        spec("deepseek-v3").bytes_per_token_per_layer(tp=tp)
+
+
+@given(
+    kv_heads=st.sampled_from([1, 2, 4, 8, 16]),
+    group=st.sampled_from([1, 2, 4]),
+    tp=st.integers(1, 64),
+    memory=st.integers(0, 2**40),
+    n_max=st.integers(1, 100_000),
+)
+def test_tp_per_rank_bytes_cover_the_shard(kv_heads: int, group: int, tp: int, memory: int, n_max: int) -> None:
+    heads = kv_heads * group
+    kind = "mha" if group == 1 else "mqa" if kv_heads == 1 else "gqa"
+    s = ModelSpec("m", 4, heads, kv_heads, 64, kind)  # type: ignore[arg-type]
+    per_rank = s.bytes_per_token_per_layer(FP16, tp=tp)
+    assert per_rank * tp >= s.bytes_per_token_per_layer(FP16)  # the ranks together hold every head
+    assert per_rank >= 2 * 64 * FP16  # at least one head per rank
+    if kv_heads % tp == 0:
+        assert per_rank * tp == s.bytes_per_token_per_layer(FP16)
+    b = s.max_batch(memory, n_max, FP16, tp=tp)
+    assert b * 4 * n_max * per_rank <= memory < (b + 1) * 4 * n_max * per_rank
+    assert b >= s.max_batch(memory, n_max, FP16)  # sharding never lowers the batch
