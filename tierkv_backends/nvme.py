@@ -319,6 +319,18 @@ def _coalesce(slots: Sequence[tuple[int, int] | None], stride: Callable[[int], i
     return groups + alone
 
 
+def _skip(iovs: list[memoryview], n: int) -> list[memoryview]:
+    """The iovecs left after the first ``n`` bytes of ``iovs``."""
+    out: list[memoryview] = []
+    for v in iovs:
+        if n >= len(v):
+            n -= len(v)
+            continue
+        out.append(v[n:] if n else v)
+        n = 0
+    return out
+
+
 def _addr(mv: memoryview) -> int:
     """The address of a buffer's first byte (ctypes for writable buffers: several times
     cheaper than a numpy view; numpy for read-only ones)."""
@@ -901,7 +913,15 @@ class NvmeBackend(Backend):
     # own bounce buffers for host memory (measured on an H200 machine: reads at 0.4-0.5x of raw
     # preadv). cuFile moves device buffers (write_device / read_device).
     def _pwritev(self, s: _Slab, iovs: list[memoryview], off: int) -> int:
-        return os.pwritev(s.fd, iovs, off)
+        done = os.pwritev(s.fd, iovs, off)
+        total = sum(len(v) for v in iovs)
+        while 0 < done < total:
+            # a short write (a filling disk): write the rest, which raises the reason (ENOSPC)
+            n = os.pwritev(s.fd, _skip(iovs, done), off + done)
+            if n <= 0:
+                break
+            done += n
+        return done
 
     def _preadv(self, s: _Slab, iovs: list[memoryview], off: int) -> int:
         return os.preadv(s.fd, iovs, off)
