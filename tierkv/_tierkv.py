@@ -48,7 +48,16 @@ import numpy as np
 from anyio.abc import TaskGroup, TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
-from ._backend import Allocation, Backend, BackendStats, SupportsContentHash, SupportsScan, SupportsTagLookup, TierKind
+from ._backend import (
+    Allocation,
+    Backend,
+    BackendStats,
+    OpenContext,
+    SupportsContentHash,
+    SupportsScan,
+    SupportsTagLookup,
+    TierKind,
+)
 from ._config import Config
 from ._errors import (
     BackendError,
@@ -447,9 +456,15 @@ class TierKV:
             cfg = Config.load(config)
         opened: list[tuple[str, Backend]] = []
         try:
+            raw_block = (
+                int(np.prod(cfg.model.kv_shape(cfg.effective_block_tokens))) * STORAGE_DTYPES[cfg.kv_dtype].itemsize
+            )
             for t in cfg.tiers:
                 backend_cls = load_backend_class(t.backend)
-                opened.append((t.name, await backend_cls.open(t.options, name=t.name)))
+                # a codec's block adds its header and may not compress: bound it generously
+                bound = raw_block if t.codec is None else raw_block + raw_block // 64 + 4096
+                ctx = OpenContext(block_nbytes=bound)
+                opened.append((t.name, await backend_cls.open(t.options, name=t.name, context=ctx)))
             telemetry = Telemetry(cfg.telemetry, tracer_provider=tracer_provider, meter_provider=meter_provider)
             kv = cls(cfg, opened, telemetry=telemetry)
             await kv._recover()
