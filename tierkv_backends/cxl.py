@@ -42,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from tierkv._backend import Availability, BackendStats, TierKind
-from tierkv._errors import BackendIOError, ConfigError, PluginUnavailableError
+from tierkv._backend import Availability, BackendStats, TierKind, os_error
+from tierkv._errors import ConfigError, PluginUnavailableError
 from tierkv._options import opt_choice, opt_int, opt_str
 
 from .dram import DramBackend
@@ -291,7 +291,7 @@ class CxlBackend(DramBackend):
                 return self._map_devdax(), False
             return self._map_numa(), False
         except OSError as exc:
-            raise BackendIOError(f"cannot map CXL memory ({mode}): {exc}", tier=self.name) from exc
+            raise os_error(exc, f"cannot map CXL memory ({mode})", tier=self.name) from exc
 
     def _as_array(self, m: mmap.mmap) -> _U8:
         self._map = m

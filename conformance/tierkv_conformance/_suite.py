@@ -44,6 +44,7 @@ from tierkv._backend import (
     Backend,
     BackendStats,
     Capabilities,
+    OpenContext,
     SupportsDeviceIO,
     SupportsScan,
 )
@@ -277,6 +278,23 @@ class BackendConformance:
             await self.put(b, block_key("ctx"), b"hello")
         assert b.closed
         await _expect(BackendClosedError, lambda: b.read(block_key("ctx")))
+
+    async def test_lifecycle_open_takes_a_context(self, backend_options: dict[str, Any]) -> None:
+        """``open(..., context=OpenContext(block_nbytes=N))`` (what TierKV passes) is accepted and
+        kept in ``backend.context``; a block of N bytes then round-trips where it fits."""
+        n = 64 * 1024
+        b = await self.resolve_backend_class().open(dict(backend_options), context=OpenContext(block_nbytes=n))
+        try:
+            assert b.context.block_nbytes == n
+            if b.capabilities.max_block_bytes >= n and self.free_bytes(b) >= self.footprint(b, n):
+                data = bytes(range(256)) * (n // 256)
+                key = block_key("context")
+                await self.put(b, key, data)
+                await self.assert_block(b, key, data)
+                await b.evict(key)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await b.aclose()
 
     # ================================================================ accounting
     async def test_allocate_accounting_is_exact(self, backend: Backend) -> None:

@@ -64,6 +64,7 @@ from tierkv import (
     into_view,
     validate_key,
 )
+from tierkv._backend import run_blocking
 from tierkv._options import opt_bool, opt_int, opt_size, opt_str, reject_unknown
 
 __all__ = ["RedisBackend"]
@@ -158,9 +159,14 @@ class RedisBackend(Backend):
     def _key(self, key: str) -> str:
         return f"{self._prefix}b:{key}"
 
-    async def _run(self, fn: Callable[[], T], what: str) -> T:
+    async def _run(self, fn: Callable[[], T], what: str, *, abandon: bool = False) -> T:
+        """Run a client call in a worker thread; with ``abandon`` a cancelled caller does not
+        wait for it (reads: the reply lands in bytes nobody else sees). A server at its
+        ``maxmemory`` (OOM reply) is CapacityError; other client errors are BackendIOError."""
         try:
-            return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
+            return await run_blocking(fn, limiter=self._limiter, abandon_on_cancel=abandon)
+        except redis.exceptions.OutOfMemoryError as exc:
+            raise CapacityError(f"redis {what}: the server is full ({exc})", tier=self.name) from exc
         except redis.RedisError as exc:
             raise BackendIOError(f"redis {what} failed: {exc}", tier=self.name) from exc
 
@@ -327,7 +333,8 @@ class RedisBackend(Backend):
         if into is not None:
             out = into_view(into, entry[0], tier=self.name)
         client = self._c
-        raw = await self._run(lambda: client.get(self._key(key)), f"read {key!r}")
+        # abandonable: the reply is copied into ``into`` here, after the thread returned
+        raw = await self._run(lambda: client.get(self._key(key)), f"read {key!r}", abandon=True)
         if raw is None:
             if self._blocks.get(key) is entry:  # lost by the server itself
                 del self._blocks[key]
