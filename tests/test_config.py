@@ -171,7 +171,5 @@ async def test_tier_option_errors_name_the_tier_path(tmp_path: Path, backend: st
     c["tiers"] = [{"name": "dram", "backend": "dram", "capacity": "64MiB"}, tier]
     with pytest.raises(ConfigError) as ei:
         await TierKV.open(c)
-    if ei.value.field == "capcity":
-        pytest.xfail("TierKV.open does not yet wrap backend_cls.open in config_path(f'tiers[{i}]') (tierkv/_tierkv.py)")
     assert ei.value.field == "tiers[1].capcity"
     assert "'tiers[1].capcity'" in str(ei.value)

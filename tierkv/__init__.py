@@ -24,7 +24,7 @@ from ._backend import (
     into_view,
     validate_key,
 )
-from ._config import KV_DTYPES, Config, TierConfig
+from ._config import KV_DTYPES, Config, TenantQuota, TierConfig
 from ._errors import (
     BackendClosedError,
     BackendError,
@@ -52,7 +52,7 @@ from ._errors import (
 )
 from ._keys import Scope
 from ._model import AttentionKind, ModelSpec
-from ._tierkv import CheckpointResult, GetResult, LookupResult, PutResult, TierKV, TierStats
+from ._tierkv import CheckpointResult, GetResult, LookupResult, PutResult, TenantStats, TierKV, TierStats
 
 __version__ = "0.1.0"
 
@@ -99,6 +99,8 @@ __all__ = [
     "SupportsDeviceIO",
     "SupportsScan",
     "SupportsTagLookup",
+    "TenantQuota",
+    "TenantStats",
     "TierConfig",
     "TierKV",
     "TierKVError",

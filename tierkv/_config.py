@@ -106,10 +106,13 @@ _TOP = frozenset(
         "load_failure",
         "scheduler",
         "telemetry",
+        "tenants",
     }
 )
 #: Top-level fields that hold a single value (not a table or a list).
-_TOP_SCALARS = frozenset(_TOP - {"model", "tiers", "scheduler", "telemetry"})
+_TOP_SCALARS = frozenset(_TOP - {"model", "tiers", "scheduler", "telemetry", "tenants"})
+#: Fields of a ``[tenants.NAME]`` table.
+_TENANT_FIELDS = frozenset({"quota"})
 #: Fields of the ``[telemetry]`` table (read by :class:`tierkv._telemetry.Telemetry`).
 _TELEMETRY = frozenset({"enabled", "cost_per_gb_hour", "prefill_cost_per_million_tokens"})
 #: Sub-tables of ``[scheduler]`` whose fields are those of a dataclass.
@@ -143,8 +146,29 @@ class TierConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class TenantQuota:
+    """How many bytes one tenant's blocks may hold: ``total`` over every tier (each copy
+    counts where it is stored), and/or per tier (``per_tier``: tier name -> bytes). None:
+    no limit. A tenant at its quota makes room by evicting *its own* lowest-ranked blocks,
+    never another tenant's; a block it cannot make room for is a CapacityError."""
+
+    total: int | None = None
+    per_tier: Mapping[str, int] = field(default_factory=lambda: types.MappingProxyType({}))
+
+
+@dataclass(frozen=True, slots=True)
 class Config:
-    """A validated tierkv configuration (build with :meth:`from_dict` or :meth:`load`)."""
+    """A validated tierkv configuration (build with :meth:`from_dict` or :meth:`load`).
+
+    ``tenants`` maps a tenant name to its :class:`TenantQuota`; the name ``default``
+    applies to every tenant without a table of its own (the default tenant, ``tenant=None``,
+    included)::
+
+        [tenants.default]
+        quota = "1GiB"                                # total over all tiers
+        [tenants.alice]
+        quota = { dram = "256MiB", pfs = "4GiB" }     # per tier
+    """
 
     model: ModelSpec
     tiers: tuple[TierConfig, ...]
@@ -162,6 +186,12 @@ class Config:
     load_failure: Literal["recompute", "fail"] = "recompute"
     scheduler: Mapping[str, Any] = field(default_factory=lambda: types.MappingProxyType({}))
     telemetry: Mapping[str, Any] = field(default_factory=lambda: types.MappingProxyType({}))
+    tenants: Mapping[str, TenantQuota] = field(default_factory=lambda: types.MappingProxyType({}))
+
+    def quota_of(self, tenant: str | None) -> TenantQuota | None:
+        """The quota of ``tenant`` (its own table, else ``default``), or None."""
+        q = self.tenants.get(tenant) if tenant is not None else None
+        return q if q is not None else self.tenants.get("default")
 
     @property
     def dtype_bytes(self) -> int:
@@ -341,6 +371,7 @@ class Config:
             reject_unknown(sub_table, known, prefix=f"scheduler.{sub}")
         telemetry = table("telemetry")
         reject_unknown(telemetry, _TELEMETRY, prefix="telemetry")
+        tenants = _tenant_quotas(table("tenants"), {t.name for t in tiers})
 
         return cls(
             model=spec,
@@ -361,10 +392,34 @@ class Config:
             else "recompute",
             scheduler=scheduler,
             telemetry=telemetry,
+            tenants=tenants,
         )
 
 
 # ---------------------------------------------------------------------- validation helpers
+
+
+def _tenant_quotas(raw: Mapping[str, Any], tier_names: set[str]) -> Mapping[str, TenantQuota]:
+    """The ``[tenants]`` table: ``NAME = {quota = SIZE | {TIER = SIZE, ...}}``."""
+    out: dict[str, TenantQuota] = {}
+    for name, t in raw.items():
+        where = f"tenants.{name}"
+        if not isinstance(t, Mapping):
+            raise ConfigError(where, t, "a table like {quota = '2GiB'}")
+        reject_unknown(t, _TENANT_FIELDS, prefix=where)
+        q = t.get("quota")
+        if isinstance(q, Mapping):
+            per: dict[str, int] = {}
+            for tier, size in q.items():
+                if tier not in tier_names:
+                    raise ConfigError(f"{where}.quota.{tier}", size, f"a tier name ({', '.join(sorted(tier_names))})")
+                per[str(tier)] = opt_size(q, str(tier), prefix=f"{where}.quota", minimum=1)
+            out[str(name)] = TenantQuota(per_tier=types.MappingProxyType(per))
+        elif q is None:
+            out[str(name)] = TenantQuota()
+        else:
+            out[str(name)] = TenantQuota(total=opt_size(t, "quota", prefix=where, minimum=1))
+    return types.MappingProxyType(out)
 
 
 def _reject_nul(value: object, where: str) -> None:

@@ -58,7 +58,7 @@ from ._backend import (
     SupportsTagLookup,
     TierKind,
 )
-from ._config import Config
+from ._config import Config, TenantQuota
 from ._errors import (
     BackendError,
     BlockExistsError,
@@ -77,6 +77,7 @@ from ._errors import (
 )
 from ._keys import Scope, block_keys, tenant_salt, to_token_array
 from ._layout import STORAGE_DTYPES, as_numpy_kv, block_slice
+from ._options import config_path
 from ._placement import TierLoad, bytes_to_shed, lower_tier, select_victims
 from ._registry import load_backend_class
 from ._scheduling import SchedulerState
@@ -84,7 +85,7 @@ from ._telemetry import Telemetry
 from .codecs import TierCodec
 from .scheduler import CircuitBreaker, PrefetchWindow, placement_value
 
-__all__ = ["CheckpointResult", "GetResult", "LookupResult", "PutResult", "TierKV", "TierStats"]
+__all__ = ["CheckpointResult", "GetResult", "LookupResult", "PutResult", "TenantStats", "TierKV", "TierStats"]
 
 # magic, version, flags, model scope, tenant, parent, pos, crc32, nbytes, root (unscoped digest of block 0's tokens)
 _TAG = struct.Struct("<2sBB16s16s32sIIQ8s")
@@ -187,6 +188,18 @@ class TierStats:
     codec_reasoning: Mapping[str, Any] | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class TenantStats:
+    """Per-tenant view of :meth:`TierKV.tenant_stats`: logical bytes its blocks hold
+    (each copy where it is stored) and its quota (None: no limit)."""
+
+    tenant: str
+    used_bytes: int
+    used_bytes_by_tier: Mapping[str, int]
+    quota_bytes: int | None
+    quota_bytes_by_tier: Mapping[str, int]
+
+
 class _Entry:
     """Index record of one block. ``tier`` serves reads; ``backing`` is the
     persistent tier holding a durable copy (-1: none; equal to ``tier`` when
@@ -254,6 +267,7 @@ class _Entry:
 
 class _Tier:
     __slots__ = (
+        "_charged",
         "backed",
         "backend",
         "breaker",
@@ -272,6 +286,7 @@ class _Tier:
         "name",
         "promotions",
         "room_lock",
+        "tenant_bytes",
     )
 
     def __init__(
@@ -300,6 +315,48 @@ class _Tier:
         self.codec: TierCodec | None = None
         #: writers that must make room on this tier queue here (see TierKV._allocate_with_room)
         self.room_lock = anyio.Lock()
+        #: logical bytes each tenant's copies hold on this tier (serving and durable copies)
+        self.tenant_bytes: dict[bytes, int] = {}
+        self._charged: dict[tuple[str, bool], tuple[bytes, int]] = {}
+
+    # Residency: the only mutators of ``lru`` (serving copies) and ``backed`` (durable-only
+    # copies); they keep ``tenant_bytes`` exact for the quotas.
+    def place(self, e: _Entry) -> None:
+        """``e`` is served from this tier (most recently used)."""
+        self.lru[e.key] = None
+        self._charge(e, False)
+
+    def unplace(self, key: str) -> None:
+        if key in self.lru:
+            del self.lru[key]
+            self._refund(key, False)
+
+    def back(self, e: _Entry) -> None:
+        """This tier holds ``e``'s durable copy (served elsewhere)."""
+        self.backed.add(e.key)
+        self._charge(e, True)
+
+    def unback(self, key: str) -> None:
+        if key in self.backed:
+            self.backed.discard(key)
+            self._refund(key, True)
+
+    def _charge(self, e: _Entry, backed: bool) -> None:
+        k = (e.key, backed)
+        if k not in self._charged:
+            tid = e.tenant[:16]
+            self._charged[k] = (tid, e.nbytes)
+            self.tenant_bytes[tid] = self.tenant_bytes.get(tid, 0) + e.nbytes
+
+    def _refund(self, key: str, backed: bool) -> None:
+        got = self._charged.pop((key, backed), None)
+        if got is not None:
+            tid, n = got
+            left = self.tenant_bytes.get(tid, 0) - n
+            if left > 0:
+                self.tenant_bytes[tid] = left
+            else:
+                self.tenant_bytes.pop(tid, None)
 
     @property
     def healthy(self) -> bool:
@@ -428,6 +485,10 @@ class TierKV:
         self._retained: dict[int, set[str]] = {}
         #: per tier: checkpoint manifests written there (key -> bytes)
         self._manifests: dict[int, dict[str, int]] = {}
+        #: tenant id -> its name (as first given) and its quota (``[tenants]``)
+        self._tenant_names: dict[bytes, str] = {}
+        self._quotas: dict[bytes, TenantQuota] = {}
+        self._default_quota = config.quota_of(None)
         #: background jobs that failed (the service logs, counts and traces them, and goes on)
         self.failed_jobs = 0
 
@@ -459,12 +520,13 @@ class TierKV:
             raw_block = (
                 int(np.prod(cfg.model.kv_shape(cfg.effective_block_tokens))) * STORAGE_DTYPES[cfg.kv_dtype].itemsize
             )
-            for t in cfg.tiers:
+            for i, t in enumerate(cfg.tiers):
                 backend_cls = load_backend_class(t.backend)
                 # a codec's block adds its header and may not compress: bound it generously
                 bound = raw_block if t.codec is None else raw_block + raw_block // 64 + 4096
                 ctx = OpenContext(block_nbytes=bound)
-                opened.append((t.name, await backend_cls.open(t.options, name=t.name, context=ctx)))
+                with config_path(f"tiers[{i}]"):  # a backend's option errors name tiers[i].field
+                    opened.append((t.name, await backend_cls.open(t.options, name=t.name, context=ctx)))
             telemetry = Telemetry(cfg.telemetry, tracer_provider=tracer_provider, meter_provider=meter_provider)
             kv = cls(cfg, opened, telemetry=telemetry)
             await kv._recover()
@@ -540,6 +602,10 @@ class TierKV:
         if d is None:
             d = self.config.scope(salt).digest()
             self._scope_cache[salt] = d
+            self._tenant_names.setdefault(tid, tenant if tenant is not None else "")
+            q = self.config.quota_of(tenant)
+            if q is not None:
+                self._quotas[tid] = q
         return d, tid
 
     def scope(self, tenant: str | None = None) -> Scope:
@@ -718,10 +784,11 @@ class TierKV:
             if e is None:
                 e = _Entry(key, ti, data.nbytes, tag, self._model_scope, tid, parent, pos, crc)
                 e.label = label
+                e.t_last = self._sched.now()  # the most recent block, until the put records its access
                 if self._tiers[ti].backend.capabilities.persistent:
                     e.backing = ti
                 self._adopt(e, root)
-                self._tiers[ti].lru[key] = None
+                self._tiers[ti].place(e)
                 written = True
             else:
                 # another task indexed it meanwhile (same key, same bytes): our copy on ``ti``
@@ -789,7 +856,7 @@ class TierKV:
                             if self._tiers[ti].backend.capabilities.persistent:
                                 e.backing = ti
                             self._adopt(e, b"")
-                            self._tiers[ti].lru[key] = None
+                            self._tiers[ti].place(e)
                         else:
                             await self._attach_copy(cur, ti)
                         e = self._index.get(key, e)
@@ -811,9 +878,16 @@ class TierKV:
         ``crc`` (the raw bytes' checksum); otherwise it is replaced.
         """
         last_exc: BaseException | None = None
+        tid = tag_tenant(tag) or _ZERO16
         for ti in [start] if only else range(start, len(self._tiers)):
             t = self._tiers[ti]
             if not t.healthy:
+                continue
+            if not await self._quota_room(tid, ti, data.nbytes):
+                last_exc = CapacityError(
+                    f"tenant {self._tenant_label(tid)!r} is at its quota on tier {t.name!r} "
+                    "and has no block of its own left to evict"
+                )
                 continue
             payload = await self._encode_for(ti, data)
             for _attempt in range(2):
@@ -846,9 +920,90 @@ class TierKV:
                 t.bytes_in += data.nbytes
                 self._tel.bytes_written.add(data.nbytes, {"tier": t.name})
                 return ti
-        if isinstance(last_exc, CapacityError) or last_exc is None:
-            raise CapacityError(f"no tier has room for a block of {data.nbytes} bytes") from last_exc
+        if last_exc is None:
+            raise CapacityError(f"no tier has room for a block of {data.nbytes} bytes")
+        if isinstance(last_exc, CapacityError):
+            raise CapacityError(f"no tier has room for a block of {data.nbytes} bytes ({last_exc})") from last_exc
         raise last_exc
+
+    # ---------------------------------------------------------------- quotas
+    def _quota_for(self, tid: bytes) -> TenantQuota | None:
+        q = self._quotas.get(tid)
+        return q if q is not None else self._default_quota
+
+    def _tenant_label(self, tid: bytes) -> str:
+        name = self._tenant_names.get(tid)
+        return name if name else ("default" if tid == _ZERO16 else tid.hex())
+
+    def tenant_usage(self, tenant: str | None = None) -> dict[str, int]:
+        """Logical bytes ``tenant``'s blocks hold on each tier (each copy where it is
+        stored), by tier name; no I/O."""
+        _, tid = self._scope_digest(tenant)
+        return {t.name: t.tenant_bytes.get(tid, 0) for t in self._tiers}
+
+    def tenant_stats(self) -> dict[str, TenantStats]:
+        """Per-tenant accounting of every tenant holding blocks (no I/O), by tenant name
+        (``default`` for ``tenant=None``; a tenant known only from a persistent tier by its id)."""
+        tids: set[bytes] = set()
+        for t in self._tiers:
+            tids.update(t.tenant_bytes)
+        out: dict[str, TenantStats] = {}
+        for tid in sorted(tids):
+            usage = {t.name: t.tenant_bytes.get(tid, 0) for t in self._tiers}
+            q = self._quota_for(tid)
+            out[self._tenant_label(tid)] = TenantStats(
+                tenant=self._tenant_label(tid),
+                used_bytes=sum(usage.values()),
+                used_bytes_by_tier=usage,
+                quota_bytes=q.total if q is not None else None,
+                quota_bytes_by_tier=dict(q.per_tier) if q is not None else {},
+            )
+        return out
+
+    async def _quota_room(self, tid: bytes, ti: int, nbytes: int) -> bool:
+        """Make room within ``tid``'s quota for a new copy of ``nbytes`` on tier ``ti`` by
+        evicting the tenant's *own* lowest-ranked blocks (never another tenant's): on ``ti``
+        for a per-tier quota, anywhere for a total one. False when the tenant cannot get
+        the room (the block alone exceeds its quota, or its other blocks are all pinned)."""
+        q = self._quota_for(tid)
+        if q is None:
+            return True
+        t = self._tiers[ti]
+        limit = q.per_tier.get(t.name)
+        if limit is not None:
+            if nbytes > limit:
+                return False
+            while t.tenant_bytes.get(tid, 0) + nbytes > limit:
+                need = t.tenant_bytes.get(tid, 0) + nbytes - limit
+                if await self._shed(ti, need, tenant=tid) <= 0:
+                    return False
+        if q.total is not None:
+            if nbytes > q.total:
+                return False
+            while (used := sum(x.tenant_bytes.get(tid, 0) for x in self._tiers)) + nbytes > q.total:
+                if await self._drop_own(tid, used + nbytes - q.total) <= 0:
+                    return False
+        return True
+
+    async def _drop_own(self, tid: bytes, need: int) -> int:
+        """Drop ``tid``'s least recently used unpinned blocks (every copy) until ``need``
+        bytes of its copies are freed; returns the bytes freed."""
+        own = sorted(
+            (e for e in self._index.values() if e.tenant[:16] == tid and not e.pins and not e.moving),
+            key=lambda e: e.t_last,
+        )
+        freed = 0
+        with anyio.CancelScope(shield=True):
+            for e in own:
+                if freed >= need:
+                    break
+                if self._index.get(e.key) is not e or e.pins or e.moving:
+                    continue
+                copies = len({e.tier, e.backing} - {-1})
+                self._decided("evict", e, e.tier, -1, "tenant quota")
+                await self._drop(e)
+                freed += copies * e.nbytes
+        return freed
 
     async def _allocate_with_room(self, ti: int, key: str, nbytes: int, tag: bytes) -> Allocation:
         """Allocate ``nbytes`` for ``key`` on tier ``ti``, shedding its lowest-ranked blocks
@@ -920,20 +1075,24 @@ class TierKV:
         tier's estimated bandwidth (re-chosen as measurements come in)."""
         if self.config.kv_dtype not in ("float16", "float32") and spec.get("codec") not in ("raw", "lz4", "zstd"):
             raise ConfigError(
-                f"tiers.{t.name}.codec", dict(spec), "raw, lz4 or zstd for this kv_dtype (lossy codecs need float16/32)"
+                f"tiers[{self._tiers.index(t)}].codec",
+                dict(spec),
+                "raw, lz4 or zstd for this kv_dtype (lossy codecs need float16/32)",
             )
         mla = self._spec.attention == "mla"
         if mla and spec.get("codec") == "auto":
             if spec.get("allow_lossy") is True:
                 raise ConfigError(
-                    f"tiers.{t.name}.codec.allow_lossy", True, "false for an MLA model (lossy codecs need K/V heads)"
+                    f"tiers[{self._tiers.index(t)}].codec.allow_lossy",
+                    True,
+                    "false for an MLA model (lossy codecs need K/V heads)",
                 )
             spec = {**spec, "allow_lossy": False}
         bw = self._sched.estimators[self._tiers.index(t)].bandwidth_Bps if t in self._tiers else None
         tc = TierCodec.from_config(spec, bandwidth_Bps=bw if spec.get("codec") == "auto" else None, tier=t.name)
         if mla and not tc.lossless:
             raise ConfigError(
-                f"tiers.{t.name}.codec",
+                f"tiers[{self._tiers.index(t)}].codec",
                 dict(spec),
                 "a lossless codec (raw, lz4, zstd) for an MLA model: lossy codecs quantize per K/V head, "
                 "and the MLA latent has none",
@@ -1051,9 +1210,10 @@ class TierKV:
         keyed.sort()
         return [k for _, _, k in keyed] + backed
 
-    async def _shed(self, ti: int, need: int) -> int:
+    async def _shed(self, ti: int, need: int, *, tenant: bytes | None = None) -> int:
         """Move (or, at the bottom, drop) enough of tier ``ti``'s lowest-ranked blocks to free
-        ``need`` bytes there; returns the bytes actually freed on ``ti``.
+        ``need`` bytes there (only ``tenant``'s blocks, when given: a quota); returns the
+        bytes actually freed on ``ti``.
 
         Victims are entry objects chosen in one synchronous step: pinned blocks and blocks
         another task is relocating are skipped, and a victim that left the index or tier
@@ -1065,7 +1225,7 @@ class TierKV:
         busy: list[str] = []
         for k in (*tier.lru, *tier.backed):
             e = index.get(k)
-            if e is None:
+            if e is None or (tenant is not None and e.tenant[:16] != tenant):
                 continue
             sizes[k] = e.nbytes
             if e.pins or e.moving:
@@ -1259,11 +1419,11 @@ class TierKV:
         if self._index.get(e.key) is not e:
             await self._drop_copy(dst, e.key)  # dropped meanwhile: nothing to move any more
             return True
-        s.lru.pop(e.key, None)
+        s.unplace(e.key)
         e.tier = dst
         if e.backing == src or (e.backing < 0 and d.backend.capabilities.persistent):
             self._set_backing(e, dst if d.backend.capabilities.persistent else -1)
-        d.lru[e.key] = None
+        d.place(e)
         await s.backend.evict(e.key)
         return True
 
@@ -1297,10 +1457,10 @@ class TierKV:
         """Point the durable copy of ``e`` at tier ``ti`` (-1: none), keeping each
         tier's set of backing-only copies exact (call under the lock)."""
         if e.backing >= 0 and e.backing != e.tier:
-            self._tiers[e.backing].backed.discard(e.key)
+            self._tiers[e.backing].unback(e.key)
         e.backing = ti
         if ti >= 0 and ti != e.tier:
-            self._tiers[ti].backed.add(e.key)
+            self._tiers[ti].back(e)
 
     async def _retarget(self, e: _Entry, ti: int, *, claimed: bool = True) -> None:
         """Serve ``e`` from tier ``ti`` (which holds its durable copy) from now on.
@@ -1309,11 +1469,11 @@ class TierKV:
         async with self._lock:
             if self._index.get(e.key) is not e or e.tier == ti or (not claimed and e.moving):
                 return
-            self._tiers[e.tier].lru.pop(e.key, None)
+            self._tiers[e.tier].unplace(e.key)
             if ti >= 0:
-                self._tiers[ti].backed.discard(e.key)
+                self._tiers[ti].unback(e.key)
             e.tier = ti
-            self._tiers[ti].lru[e.key] = None
+            self._tiers[ti].place(e)
 
     async def _drop(self, e: _Entry) -> None:
         """Remove a block from the index and from every tier holding a copy."""
@@ -1344,9 +1504,9 @@ class TierKV:
                     parent.children -= 1
                 if e.pos == 0:
                     self._unroot(e)
-                self._tiers[e.tier].lru.pop(e.key, None)
+                self._tiers[e.tier].unplace(e.key)
                 if e.backing >= 0:
-                    self._tiers[e.backing].backed.discard(e.key)
+                    self._tiers[e.backing].unback(e.key)
         self._prefetch_wasted(e)
         if e.count and self._tel.enabled and self._sched.now() - e.t_last <= self._sched.predictor.horizon:
             pass  # outcome still open: it may yet be reused elsewhere; not counted
@@ -1435,8 +1595,9 @@ class TierKV:
             ms, tenant, parent, pos, crc, nbytes, root = unpack_tag(tag) or (b"", b"", b"", 0, 0, 0, b"")
             async with self._lock:
                 if key not in self._index:
-                    self._adopt(_Entry(key, ti, nbytes, tag, ms, tenant, parent, pos, crc), root)
-                    self._tiers[ti].lru[key] = None
+                    adopted_e = _Entry(key, ti, nbytes, tag, ms, tenant, parent, pos, crc)
+                    self._adopt(adopted_e, root)
+                    self._tiers[ti].place(adopted_e)
             adopted += 1
         return adopted
 
@@ -2289,12 +2450,12 @@ class TierKV:
                 await self._drop_copy(dst, e.key)
                 return False
             self._commit_copy_bytes(e, tag)
-            self._tiers[src].lru.pop(e.key, None)
+            self._tiers[src].unplace(e.key)
             e.tier = dst
-            self._tiers[dst].lru[e.key] = None
+            self._tiers[dst].place(e)
             self._tiers[dst].promotions += 1
             if e.backing == src:
-                self._tiers[src].backed.add(e.key)  # stays as the durable copy
+                self._tiers[src].back(e)  # stays as the durable copy
             else:
                 await self._tiers[src].backend.evict(e.key)
         return True
@@ -2453,7 +2614,7 @@ class TierKV:
                     e.exact = tag_exact(info.tag)
                     e.backing = ti
                     self._adopt(e, root)
-                    t.lru[info.key] = None
+                    t.place(e)
                 elif e.backing == e.tier:
                     self._set_backing(e, ti)
                 else:
