@@ -547,6 +547,7 @@ class TierKV:
         if self._closed:
             return
         self._closed = True
+        self._tel.close()  # the meter's gauges must not keep this store alive
         with anyio.CancelScope(shield=True):
             errors: list[BaseException] = []
             for t in self._tiers:
