@@ -14,6 +14,8 @@ field                      default      meaning
                                         promotions) or ``lru`` (the foundation's placement)
 ``prefill_tokens_per_s``   none         the engine's prefill rate; enables the
                                         fetch-vs-recompute gate
+``gate_probe_interval_s``  10           a tier the gate turns down is still fetched from
+                                        once per this many seconds (re-measuring it)
 ``tau_s``                  300          recency time constant of the eviction ranking (the
                                         start value when ``tau_candidates_s`` is not empty)
 ``tau_candidates_s``       [30, 60,     candidates of the adaptive ``tau``, chosen online by
@@ -53,9 +55,10 @@ the answer.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +73,8 @@ from .scheduler import (
     PlacementConfig,
     PredictorConfig,
     PrefetchWindow,
+    ProbeSchedule,
+    RateEstimator,
     ReusePredictor,
     TauAdapter,
     TierEstimator,
@@ -92,6 +97,7 @@ _KNOWN = frozenset(
     {
         "policy",
         "prefill_tokens_per_s",
+        "gate_probe_interval_s",
         "tau_s",
         "tau_candidates_s",
         "promote",
@@ -135,10 +141,21 @@ def _table(options: Mapping[str, Any], key: str) -> dict[str, Any]:
 
 
 class SchedulerState:
-    """Per-TierKV scheduler state (single event loop; not thread-safe)."""
+    """Per-TierKV scheduler state (single event loop; not thread-safe).
 
-    def __init__(self, options: Mapping[str, Any], tier_names: Sequence[str], tier_kinds: Sequence[str]) -> None:
+    ``clock`` (default: monotonic seconds since this state was made) is the predictor's and the gate's
+    clock, :meth:`now`; a replay passes the trace's timestamps."""
+
+    def __init__(
+        self,
+        options: Mapping[str, Any],
+        tier_names: Sequence[str],
+        tier_kinds: Sequence[str],
+        *,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
         reject_unknown(options, _KNOWN, prefix="scheduler")
+        self._clock = clock
         self.policy = opt_choice(options, "policy", ("predictive", "lru"), "predictive", prefix="scheduler")
         rate = options.get("prefill_tokens_per_s")
         self.prefill_tokens_per_s: float | None = (
@@ -193,13 +210,18 @@ class SchedulerState:
             )
             for k in tier_kinds
         ]
+        # codec of each tier: (compression ratio estimate, decode-rate EWMA); None: stores raw bytes
+        self.codecs: list[tuple[float, RateEstimator] | None] = [None] * len(self.kinds)
+        self._t0 = time.monotonic()
+        self.probe_interval_s = opt_float(options, "gate_probe_interval_s", 10.0, prefix="scheduler", minimum=1e-3)
+        t_start = self.now()
+        self.probes = [ProbeSchedule(self.probe_interval_s, t_start) for _ in self.kinds]
         self.chain = ToolChain()
         self.prefetch_window: PrefetchWindow | None = None
         self.importance: HeadImportance | None = None
         self.transition: int | None = None
         self.tool: str | None = None
-        self._t0 = time.monotonic()
-        self.gate_decisions = {"fetch": 0, "recompute": 0}
+        self.gate_decisions = {"fetch": 0, "recompute": 0, "probe": 0}
         self.dropped_jobs = 0
         self.response = ResponseModel()
         # completed requests with a response-length adjustment: t_last windows [start, end] ->
@@ -212,7 +234,10 @@ class SchedulerState:
 
     # ------------------------------------------------------------------ time
     def now(self) -> float:
-        """Seconds since this scheduler started (the predictor's clock)."""
+        """The predictor's and the gate's clock: ``clock()`` when one was given, else seconds since this
+        scheduler started."""
+        if self._clock is not None:
+            return self._clock()
         return time.monotonic() - self._t0
 
     # ---------------------------------------------------------------- labels
@@ -328,19 +353,87 @@ class SchedulerState:
         return float(self.predictor.table[cell])
 
     # ------------------------------------------------------------------ gate
-    def gate(self, tokens: int, bytes_by_tier: Mapping[int, int], decode_s: float = 0.0) -> GateDecision | None:
-        """Fetch-vs-recompute for a prefix spread over tiers; None when the gate is off
-        (no prefill rate configured)."""
+    def set_codec(self, tier: int, ratio: float | None, decode_Bps: float | None = None) -> None:
+        """Tier ``tier`` stores its blocks through a codec of compression ratio ``ratio`` (raw bytes /
+        stored bytes) that decodes ``decode_Bps`` raw bytes per second (the codec's estimate; refined by
+        :meth:`observe_decode`); ``ratio=None``: raw bytes, no decode cost. The core calls it when it
+        makes (or re-chooses) a tier's codec."""
+        if ratio is None:
+            self.codecs[tier] = None
+            return
+        if not math.isfinite(ratio) or ratio <= 0:
+            raise ConfigError(f"tiers[{tier}].codec ratio", ratio, "a finite number > 0")
+        if decode_Bps is None or not math.isfinite(decode_Bps) or decode_Bps <= 0:
+            raise ConfigError(f"tiers[{tier}].codec decode rate", decode_Bps, "a finite number of bytes/s > 0")
+        old = self.codecs[tier]
+        est = RateEstimator(decode_Bps)
+        if old is not None and old[1].samples:
+            est = old[1]  # keep what was measured
+        self.codecs[tier] = (ratio, est)
+
+    def observe_decode(self, tier: int, raw_bytes: int, seconds: float) -> None:
+        """A measured decode on tier ``tier``: ``raw_bytes`` of KV out in ``seconds``."""
+        c = self.codecs[tier]
+        if c is not None:
+            c[1].observe(raw_bytes, seconds)
+
+    def decode_seconds(self, bytes_by_tier: Mapping[int, int]) -> float:
+        """Modelled codec decode time of raw ``bytes_by_tier`` (0 for tiers without a codec)."""
+        total = 0.0
+        for ti, n in bytes_by_tier.items():
+            c = self.codecs[ti]
+            if c is not None:
+                total += c[1].seconds_for(n)
+        return total
+
+    def gate(
+        self,
+        tokens: int,
+        bytes_by_tier: Mapping[int, int],
+        decode_s: float | Mapping[int, float] | None = None,
+        *,
+        now: float | None = None,
+    ) -> GateDecision | None:
+        """Fetch-vs-recompute for a prefix of ``tokens`` spread over tiers (``bytes_by_tier``: raw KV bytes
+        per tier index); None when the gate is off (no prefill rate configured).
+
+        * Transfer: each tier's stored bytes (raw / its codec's ratio) at its trusted bandwidth, one round
+          trip at the largest trusted latency; an unmeasured tier is not trusted
+          (:meth:`~tierkv.scheduler.TierEstimator.trusted`).
+        * Decode: ``decode_s`` (seconds in all, or seconds per tier), else the tiers' codec decode
+          estimates (:meth:`set_codec`, :meth:`observe_decode`).
+        * Probe: when the answer is recompute and a tier of the prefix has not been probed for
+          ``gate_probe_interval_s`` (of :meth:`now`, or ``now``), the fetch goes ahead anyway
+          (``probe=True``) and re-measures the tiers of the prefix.
+        """
         if self.prefill_tokens_per_s is None:
             return None
         total = sum(bytes_by_tier.values())
         if total == 0 or tokens == 0:
             return gate(0, 1.0, 1.0, 0.0, self.prefill_tokens_per_s)
-        latency = max(self.estimators[ti].latency_s for ti in bytes_by_tier)
-        seconds = sum(n / self.estimators[ti].bandwidth_Bps for ti, n in bytes_by_tier.items())
+        latency = 0.0
+        seconds = 0.0
+        for ti, n in bytes_by_tier.items():
+            lat, bw = self.estimators[ti].trusted()
+            latency = max(latency, lat)
+            c = self.codecs[ti]
+            seconds += n / (c[0] if c is not None else 1.0) / bw
+        if decode_s is None:
+            dec = self.decode_seconds(bytes_by_tier)
+        elif isinstance(decode_s, Mapping):
+            dec = float(sum(decode_s.values()))
+        else:
+            dec = float(decode_s)
         # one equivalent tier: same latency, bandwidth giving the summed transfer time
-        bw = total / seconds if seconds > 0 else math.inf
-        d = gate(tokens, total / tokens, bw, latency, self.prefill_tokens_per_s, decode_s=decode_s)
+        bw_eq = total / seconds if seconds > 0 else math.inf
+        d = gate(tokens, total / tokens, bw_eq, latency, self.prefill_tokens_per_s, decode_s=dec)
+        if not d.fetch:
+            t = self.now() if now is None else now
+            if any(self.probes[ti].due(t) for ti in bytes_by_tier):
+                for ti in bytes_by_tier:
+                    self.probes[ti].take(t)
+                self.gate_decisions["probe"] += 1
+                d = dataclasses.replace(d, fetch=True, probe=True, reason=f"probe: re-measuring ({d.reason})")
         self.gate_decisions["fetch" if d.fetch else "recompute"] += 1
         return d
 

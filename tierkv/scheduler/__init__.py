@@ -6,7 +6,8 @@
 * :class:`HeadImportance` -- head-granular EMA attention importance (GQA max, MLA per layer).
 * :class:`PrefetchWindow` -- RoPE-aware prefetch window per layer class.
 * :class:`ToolChain` -- agentic Markov chain over tools with KV size profiles; session classes.
-* :func:`gate` -- fetch-vs-recompute decision; :class:`TierEstimator` EWMA of tier latency/bandwidth.
+* :func:`gate` -- fetch-vs-recompute decision; :class:`TierEstimator` EWMA of tier latency/bandwidth,
+  :class:`RateEstimator` (codec decode rate), :class:`ProbeSchedule` (bounded re-measuring of gated tiers).
 * :class:`CircuitBreaker` -- per-tier health (closed / open / half-open) with an injectable clock.
 * :func:`placement_value`, :func:`choose_tier` -- dollar value per block and tier, hysteresis.
 * ``tierkv replay`` -- the trace-replay lab lives in ``tierkv.scheduler._replay`` (``main(argv)``).
@@ -16,8 +17,11 @@ Importing this package does no I/O and imports neither matplotlib nor torch.
 
 from ._breaker import BreakerState, CircuitBreaker
 from ._gate import (
+    UNMEASURED_PESSIMISM,
     GateDecision,
     LoadFailurePolicy,
+    ProbeSchedule,
+    RateEstimator,
     TierEstimator,
     fetch_seconds,
     gate,
@@ -58,6 +62,7 @@ __all__ = [
     "BLOCK_TYPES",
     "DEFAULT_TIER_USD_PER_GB_HOUR",
     "TRANSITIONS",
+    "UNMEASURED_PESSIMISM",
     "BreakerState",
     "CircuitBreaker",
     "GateDecision",
@@ -66,6 +71,8 @@ __all__ = [
     "PlacementConfig",
     "PredictorConfig",
     "PrefetchWindow",
+    "ProbeSchedule",
+    "RateEstimator",
     "RenewalHazard",
     "ResponseModel",
     "ReusePredictor",
