@@ -14,12 +14,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_library_replay as bench  # noqa: E402
 
+from tierkv.scheduler._replay import load_trace
+
 SLICE = ROOT / "tests" / "data" / "traces" / "mooncake_conversation_slice300.jsonl"
 
 
 @pytest.mark.parametrize("block_tokens", [512])
 def test_library_lru_matches_reference_lru(block_tokens: int) -> None:
-    w = bench.Workload(bench.load_trace(SLICE, 512, 512), block_tokens, until=1.0)
+    w = bench.Workload(load_trace(SLICE, 512, 512), block_tokens, until=1.0)
     w.set_split(0.4)
     cap = max(1, round(0.05 * w.distinct))
     lib = anyio.run(bench.library_replay, w, "lru", cap, 0.01, False)
