@@ -9,12 +9,12 @@ from pathlib import Path
 import anyio
 import pytest
 
+from tierkv.scheduler._replay import load_trace
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import bench_library_replay as bench  # noqa: E402
-
-from tierkv.scheduler._replay import load_trace
 
 SLICE = ROOT / "tests" / "data" / "traces" / "mooncake_conversation_slice300.jsonl"
 
