@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from ._errors import ConfigError
+from .errors import ConfigError
 
 __all__ = [
     "config_path",

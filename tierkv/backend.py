@@ -1,0 +1,1014 @@
+"""The plugin-author API (``tierkv.backend``): the tier backend protocol and its helpers.
+
+A backend stores opaque byte blocks under keys in one tier of the memory
+hierarchy (GPU HBM, host DRAM, CXL memory, NVMe, an RDMA pool, a parallel
+filesystem, or anything a third party plugs in). It knows nothing of tokens,
+models or placement: the core decides what goes where, and when something
+leaves. A third-party backend subclasses :class:`Backend`, implements the
+abstract methods below, registers the class under the ``tierkv.backends``
+entry-point group, and certifies itself with ``tierkv certify NAME``.
+
+A backend imports from tierkv only this module and :mod:`tierkv.errors`. What is here:
+
+* the protocol: :class:`Backend`, :class:`Capabilities`, :class:`Allocation`,
+  :class:`BlockInfo`, :class:`BackendStats`, :class:`OpenContext`,
+  :class:`Availability`, :class:`TierKind`, the optional ``Supports*`` protocols,
+  :data:`API_VERSION`, :data:`MAX_TAG_BYTES`;
+* the checks every backend makes: :func:`validate_key`, :func:`check_allocation`,
+  :func:`as_byte_view`, :func:`into_view`;
+* shared mechanisms: :class:`ReservationLedger` (the reservation and capacity
+  bookkeeping), :func:`os_error` (the one ``OSError`` mapper), :func:`run_blocking`
+  (abandonable worker-thread calls), :func:`tag_tenant` (the only field of the
+  core's opaque block tags a backend may read);
+* option readers for ``__init__``: :func:`opt_size`, :func:`opt_int`,
+  :func:`opt_float`, :func:`opt_bool`, :func:`opt_str`, :func:`opt_path`,
+  :func:`opt_choice`, :func:`parse_size`, :func:`reject_unknown`, :func:`config_path`;
+* discovery: :func:`load_backend_class`, :func:`validate_backend_class`.
+
+Contract shared by every method
+-------------------------------
+* Keys are ``str`` of 1 to 128 characters from ``[0-9a-zA-Z._-]``; the core
+  passes 64 lower-case hex digits. Keys are safe as file names and network keys.
+* Every failure is a :class:`~tierkv.TierKVError` subclass; foreign exceptions
+  (``OSError``, a client library's errors or status codes) are translated at the
+  boundary and chained (``raise BackendIOError(...) from exc``).
+* After :meth:`Backend.aclose` every method except ``aclose`` and ``stats``
+  raises :class:`~tierkv.BackendClosedError`; ``aclose`` is idempotent.
+* Methods are safe to call concurrently from many tasks of one event loop, on
+  distinct keys and on the same key. Blocking work (syscalls, file and device
+  I/O, client calls) runs in worker threads through
+  ``anyio.to_thread.run_sync`` with a limiter sized by
+  :attr:`Capabilities.max_concurrency`; the event loop is never blocked on
+  I/O. Plain memory copies may run on the event loop in bounded slices (a
+  memory tier's ``inline_copy_bytes``, about 100 µs of memcpy, less than one
+  thread hop costs) with a checkpoint between slices.
+* Cancellation: a cancelled or failed :meth:`Backend.write` leaves nothing
+  visible under the key and releases its reservation; a cancelled read or
+  evict leaves the stored block as it was or removed, never half removed.
+  A read honours its caller's deadline even while the medium stalls: a read
+  into the backend's own buffers (``into=None``) that is cancelled returns at
+  once; its worker thread finishes in the background into those buffers,
+  which nobody sees any more, and the result is discarded (see
+  :func:`run_blocking`). A read into a caller's buffer (``into=``) is never
+  abandoned: the buffer must not be written after the call returns, so it
+  returns once its I/O is done. A worker thread left running keeps its slot of
+  the backend's limiter until it really ends.
+* Errors of the operating system are translated by :func:`os_error`: a full
+  medium (``ENOSPC``, ``EDQUOT``) is a capacity condition,
+  :class:`~tierkv.CapacityError`, never a device failure; every other
+  ``OSError`` is a :class:`~tierkv.BackendIOError`.
+* A backend never evicts on its own: eviction is the core's decision. A shared
+  remote store that loses a block by itself (its own pressure eviction) reports
+  it as :class:`~tierkv.BlockNotFoundError`, never as wrong bytes.
+"""
+
+from __future__ import annotations
+
+import errno
+import math
+import re
+import threading
+import types
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar, runtime_checkable
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+import anyio.to_thread
+import numpy as np
+
+from ._options import (
+    config_path,
+    opt_bool,
+    opt_choice,
+    opt_float,
+    opt_int,
+    opt_path,
+    opt_size,
+    opt_str,
+    parse_size,
+    reject_unknown,
+)
+from .errors import (
+    BackendClosedError,
+    BackendError,
+    BackendIOError,
+    BlockExistsError,
+    BlockNotFoundError,
+    CapacityError,
+    InputError,
+)
+
+_T = TypeVar("_T")
+
+__all__ = [
+    "API_VERSION",
+    "MAX_TAG_BYTES",
+    "Allocation",
+    "Availability",
+    "Backend",
+    "BackendStats",
+    "BlockInfo",
+    "Buffer",
+    "Capabilities",
+    "OpenContext",
+    "Reservation",
+    "ReservationLedger",
+    "SupportsContentHash",
+    "SupportsDeviceIO",
+    "SupportsScan",
+    "SupportsTagLookup",
+    "TierKind",
+    "as_byte_view",
+    "check_allocation",
+    "config_path",
+    "into_view",
+    "load_backend_class",
+    "opt_bool",
+    "opt_choice",
+    "opt_float",
+    "opt_int",
+    "opt_path",
+    "opt_size",
+    "opt_str",
+    "os_error",
+    "parse_size",
+    "reject_unknown",
+    "run_blocking",
+    "tag_tenant",
+    "validate_backend_class",
+    "validate_key",
+]
+
+#: Version of this protocol. A backend declares the version it implements in
+#: ``Backend.api_version``; the registry refuses a mismatch.
+API_VERSION = 1
+
+#: Largest ``tag`` a backend must be able to store with a block.
+MAX_TAG_BYTES = 256
+
+_KEY_RE = re.compile(r"[0-9A-Za-z._-]{1,128}")
+
+#: Host buffers accepted by ``write`` and ``read(into=...)``: anything exposing
+#: the buffer protocol with C-contiguous memory (bytes, bytearray, memoryview,
+#: a C-contiguous numpy array; a CPU torch tensor through ``tensor.numpy()``).
+Buffer = bytes | bytearray | memoryview | np.ndarray[Any, Any]
+
+
+class TierKind(StrEnum):
+    """Which level of the hierarchy a backend serves (fastest first)."""
+
+    HBM = "hbm"
+    DRAM = "dram"
+    CXL = "cxl"
+    NVME = "nvme"
+    RDMA = "rdma"
+    PFS = "pfs"
+    REMOTE = "remote"
+    OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend declares about itself; the conformance suite and the
+    scheduler read it.
+
+    Attributes:
+        tier_kind: the level of the hierarchy.
+        persistent: committed blocks survive ``aclose`` and a process crash;
+            the backend then also implements :class:`SupportsScan`, and a
+            ``write`` returns only once the block is durable.
+        shared: blocks are visible to other processes or hosts using the same
+            configuration (a network pool, a shared filesystem).
+        device_resident: blocks live in accelerator memory; the backend also
+            implements :class:`SupportsDeviceIO`.
+        alignment: the I/O alignment in bytes the medium prefers (1 for memory).
+        max_block_bytes: the largest block ``allocate`` accepts.
+        max_concurrency: worker threads / in-flight I/Os the backend uses.
+        envelope_threshold: minimum throughput ratio against the raw reference
+            for certification (``tierkv certify``).
+        envelope_small_block_bytes: envelope rows of blocks smaller than this
+            are graded by ``envelope_small_block_us`` (batched time per block)
+            instead of the ratio: at small sizes the fixed per-block work of any
+            store (bookkeeping, allocation) dominates a bare copy loop. 0 grades
+            every row by the ratio.
+        envelope_small_block_us: the per-block bound for those rows.
+    """
+
+    tier_kind: TierKind
+    persistent: bool = False
+    shared: bool = False
+    device_resident: bool = False
+    alignment: int = 1
+    max_block_bytes: int = 1 << 30
+    max_concurrency: int = 8
+    envelope_threshold: float = 0.8
+    envelope_small_block_bytes: int = 0
+    envelope_small_block_us: float = 20.0
+
+
+@dataclass(frozen=True, slots=True)
+class OpenContext:
+    """What the core tells a backend about the data it will hold, at :meth:`Backend.open`.
+
+    Attributes:
+        block_nbytes: the largest payload of one block the core writes to this tier: the
+            model's KV block at the configured dtype (for a tier with a codec, the codec's
+            bound for it). A backend that sizes storage units by block (the nvme tier's
+            slots) derives them from it when its options do not say. None when unknown
+            (a backend opened on its own, by a test or the conformance suite).
+    """
+
+    block_nbytes: int | None = None
+
+    def __post_init__(self) -> None:
+        b = self.block_nbytes
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+            raise InputError(f"OpenContext.block_nbytes must be a positive int or None, got {b!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Availability:
+    """Whether a backend can run on this machine, and if not why and what would fix it."""
+
+    usable: bool
+    reason: str = ""
+    hint: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """A reservation returned by :meth:`Backend.allocate` and consumed by :meth:`Backend.write`.
+
+    ``handle`` is backend-private (an arena offset, a slot number); callers
+    must treat it as opaque.
+    """
+
+    key: str
+    nbytes: int
+    tag: bytes = b""
+    handle: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BlockInfo:
+    """One committed block as reported by :meth:`SupportsScan.scan`."""
+
+    key: str
+    nbytes: int
+    tag: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class BackendStats:
+    """A snapshot of a backend's accounting.
+
+    ``used_bytes`` counts committed blocks plus pending reservations;
+    ``reserved_bytes`` is the pending part. ``io_path`` names the data path in
+    use (``"memcpy"``, ``"O_DIRECT preadv/pwritev"``, ``"kvikio cuFile (GDS)"``,
+    ``"mooncake tcp"``, ...); ``emulated`` is true when the backend runs on a
+    stand-in for its real hardware. ``details`` holds backend-specific numbers.
+    """
+
+    tier: str
+    kind: TierKind
+    capacity_bytes: int
+    used_bytes: int
+    blocks: int
+    reserved_bytes: int = 0
+    reads: int = 0
+    writes: int = 0
+    evictions: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    io_path: str = ""
+    emulated: bool = False
+    details: Mapping[str, Any] = field(default_factory=lambda: types.MappingProxyType({}))
+
+
+def validate_key(key: object, *, tier: str = "") -> str:
+    """Return ``key`` if it is a valid block key, else raise :class:`~tierkv.InputError`."""
+    if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
+        raise InputError(
+            f"{'[' + tier + '] ' if tier else ''}invalid block key {key!r}: "
+            "expected 1-128 characters from [0-9A-Za-z._-]"
+        )
+    return key
+
+
+def check_allocation(key: object, nbytes: object, tag: object, *, max_block_bytes: int, tier: str = "") -> None:
+    """Validate the arguments of :meth:`Backend.allocate` as every backend must:
+    a valid key, ``nbytes`` a non-negative int of at most ``max_block_bytes``,
+    ``tag`` bytes of at most :data:`MAX_TAG_BYTES`. Raises :class:`~tierkv.InputError`."""
+    validate_key(key, tier=tier)
+    where = f"[{tier}] " if tier else ""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        raise InputError(f"{where}nbytes must be a non-negative int, got {nbytes!r}")
+    if nbytes > max_block_bytes:
+        raise InputError(f"{where}block of {nbytes} bytes exceeds max_block_bytes={max_block_bytes}")
+    if not isinstance(tag, (bytes, bytearray)) or len(tag) > MAX_TAG_BYTES:
+        raise InputError(f"{where}tag must be bytes of at most {MAX_TAG_BYTES} bytes")
+
+
+def into_view(into: object, nbytes: int, *, tier: str = "") -> memoryview:
+    """The first ``nbytes`` bytes of a caller's ``read(into=...)`` buffer, as a
+    writable contiguous view. Raises :class:`~tierkv.InputError` when ``into`` is
+    read-only, not contiguous or smaller than the block."""
+    mv = as_byte_view(into, writable=True, what="into")
+    if mv.nbytes < nbytes:
+        raise InputError(f"{'[' + tier + '] ' if tier else ''}into has {mv.nbytes} bytes, block has {nbytes}")
+    return mv[:nbytes]
+
+
+def as_byte_view(data: object, *, writable: bool = False, what: str = "data") -> memoryview:
+    """View ``data`` as a flat, C-contiguous ``memoryview`` of bytes (no copy).
+
+    Raises :class:`~tierkv.InputError` for objects without the buffer protocol,
+    non-contiguous memory, or (with ``writable``) read-only memory.
+    """
+    if isinstance(data, np.ndarray):
+        if not data.flags.c_contiguous:
+            raise InputError(f"{what}: numpy array is not C-contiguous")
+        try:
+            mv = data.reshape(-1).view(np.uint8).data
+        except (ValueError, TypeError) as exc:
+            raise InputError(f"{what}: cannot view array of dtype {data.dtype} as bytes") from exc
+    else:
+        try:
+            mv = memoryview(data)  # type: ignore[arg-type]
+        except TypeError as exc:
+            raise InputError(f"{what}: {type(data).__name__} does not expose the buffer protocol") from exc
+        if not mv.c_contiguous:
+            raise InputError(f"{what}: buffer is not C-contiguous")
+        if mv.format != "B" or mv.ndim != 1:
+            mv = mv.cast("B")
+    if writable and mv.readonly:
+        raise InputError(f"{what}: buffer is read-only")
+    return mv
+
+
+#: ``errno`` values that mean the medium is full: a capacity condition, not a failure
+CAPACITY_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def os_error(exc: OSError, what: str, *, tier: str = "") -> BackendError:
+    """The tierkv error for an ``OSError`` raised by ``what`` (chain it: ``raise
+    os_error(exc, ...) from exc``). A full medium (``ENOSPC``, ``EDQUOT``) is
+    :class:`~tierkv.CapacityError`: the core then places the block elsewhere and keeps
+    the tier in service for reads; anything else is :class:`~tierkv.BackendIOError`. A
+    tierkv error (which may also be an ``OSError``) is returned as it is."""
+    if isinstance(exc, BackendError):
+        return exc
+    if exc.errno in CAPACITY_ERRNOS:
+        return CapacityError(f"{what}: the medium is full ({exc})", tier=tier)
+    return BackendIOError(f"{what}: {exc}", tier=tier)
+
+
+_HOP_LIMITER: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar("tierkv_hop_limiter")
+
+
+def _hop_limiter() -> anyio.CapacityLimiter:
+    """An unbounded limiter for the thread hops of :func:`run_blocking` (the bound is the
+    caller's limiter, held on behalf of each call), one per event loop."""
+    try:
+        return _HOP_LIMITER.get()
+    except LookupError:
+        lim = anyio.CapacityLimiter(math.inf)
+        _HOP_LIMITER.set(lim)
+        return lim
+
+
+class _Call:
+    """One abandonable call of :func:`run_blocking`: who gives its limiter slot back."""
+
+    __slots__ = ("lock", "state")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.state = "queued"  # -> "running" -> "done"; or "dropped" / "abandoned" by the caller
+
+
+async def run_blocking(
+    fn: Callable[..., _T], *args: Any, limiter: anyio.CapacityLimiter, abandon_on_cancel: bool = False
+) -> _T:
+    """Run the blocking ``fn(*args)`` in a worker thread, holding a slot of ``limiter``.
+
+    Without ``abandon_on_cancel`` this is ``anyio.to_thread.run_sync``: a cancelled caller
+    waits for the thread. With it, a cancelled caller returns at once and the thread runs
+    on in the background; its result (or exception) is discarded. Use it only where what
+    the thread writes is private to the call (a read into buffers the backend allocated
+    for it, never a caller's ``into=``). The limiter slot is held until the thread really
+    ends, under asyncio and trio alike (anyio's own ``abandon_on_cancel`` gives it back at
+    the cancellation on asyncio), so that at most ``total_tokens`` threads are ever busy
+    and a backend that waits for all its slots (at close) waits for abandoned threads too.
+    A call cancelled before its thread started never runs ``fn``.
+    """
+    if not abandon_on_cancel:
+        return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
+    call = _Call()
+    await limiter.acquire_on_behalf_of(call)
+    token = anyio.lowlevel.current_token()
+
+    def work() -> _T:
+        with call.lock:
+            if call.state != "queued":
+                raise anyio.get_cancelled_exc_class()()  # dropped before it started: never runs
+            call.state = "running"
+        try:
+            return fn(*args)
+        finally:
+            with call.lock:
+                give_back = call.state == "abandoned"
+                call.state = "done"
+            if give_back:
+                try:
+                    anyio.from_thread.run_sync(limiter.release_on_behalf_of, call, token=token)
+                except Exception:  # pragma: no cover - the event loop (and its limiter) is gone
+                    pass
+
+    try:
+        result = await anyio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=_hop_limiter())
+    except BaseException:
+        with call.lock:
+            running = call.state == "running"
+            call.state = "abandoned" if running else ("dropped" if call.state == "queued" else call.state)
+        if not running:
+            limiter.release_on_behalf_of(call)
+        raise
+    limiter.release_on_behalf_of(call)
+    return result
+
+
+class Backend(ABC):
+    """Abstract async tier backend. Subclass it; see the module docstring for the
+    contract every method shares.
+
+    Construction does no I/O: ``__init__(options, *, name)`` only validates the
+    options (raising :class:`~tierkv.ConfigError` naming the field).
+    :meth:`open` is the async constructor that acquires resources (files,
+    memory, connections); use ``backend = await MyBackend.open(options)`` and
+    ``await backend.aclose()`` (or ``async with``).
+
+    Subclasses implement :meth:`_open` and :meth:`_close` (both optional),
+    :attr:`capabilities`, :meth:`allocate`, :meth:`write`, :meth:`read`,
+    :meth:`evict`, :meth:`contains` and :meth:`stats`; they call
+    :meth:`_check_open` at the top of every data method.
+    """
+
+    #: The protocol version implemented (see :data:`API_VERSION`).
+    api_version: ClassVar[int] = API_VERSION
+
+    def __init__(self, options: Mapping[str, Any] | None = None, *, name: str = "") -> None:
+        self.name = name or type(self).__name__.lower()
+        self.options: Mapping[str, Any] = dict(options or {})
+        #: what the core said at open (:class:`OpenContext`); read it in :meth:`_open`
+        self.context = OpenContext()
+        self._closed = False
+        self._opened = False
+
+    # ----------------------------------------------------------------- lifecycle
+    @classmethod
+    async def open(
+        cls, options: Mapping[str, Any] | None = None, *, name: str = "", context: OpenContext | None = None
+    ) -> Self:
+        """Create and open a backend. ``context`` (keyword, optional) tells it about the
+        data it will hold (:class:`OpenContext`); it is in :attr:`context` when
+        :meth:`_open` runs. Raises ConfigError, PluginUnavailableError (hardware or
+        library missing), BackendIOError, or CapacityError (the medium cannot hold the
+        configured capacity). A failed open leaves nothing behind that it created."""
+        backend = cls(options, name=name)
+        if context is not None:
+            if not isinstance(context, OpenContext):
+                raise InputError(f"context must be an OpenContext, got {type(context).__name__}")
+            backend.context = context
+        await backend._open()
+        backend._opened = True
+        return backend
+
+    async def _open(self) -> None:  # noqa: B027 - optional hook
+        """Acquire resources. Called once by :meth:`open`."""
+
+    async def _close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources. Called once by :meth:`aclose`; persistent data stays."""
+
+    async def aclose(self) -> None:
+        """Close the backend; idempotent. Persistent backends keep committed blocks
+        on their medium; pending reservations are dropped."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        """Raise :class:`~tierkv.BackendClosedError` if the backend was closed."""
+        if self._closed:
+            raise BackendClosedError("backend is closed", tier=self.name)
+
+    # -------------------------------------------------------------- declaration
+    @classmethod
+    def probe(cls) -> Availability:
+        """Say, cheaply and without side effects, whether this backend can run here.
+
+        Detect hardware and optional libraries honestly (never guess). The
+        default says usable.
+        """
+        return Availability(True)
+
+    @classmethod
+    def default_options(cls, workdir: Path) -> dict[str, Any]:
+        """Options for a safe, self-contained instance under ``workdir`` (used by
+        ``tierkv certify`` when no config is given). Raise PluginUnavailableError
+        if there is none on this machine."""
+        return {"capacity": 256 * 1024 * 1024}
+
+    @property
+    @abstractmethod
+    def capabilities(self) -> Capabilities:
+        """The backend's declared capabilities (constant over its lifetime)."""
+
+    # -------------------------------------------------------------------- data
+    @abstractmethod
+    async def allocate(self, key: str, nbytes: int, *, tag: bytes = b"") -> Allocation:
+        """Reserve ``nbytes`` for ``key``; the block is not visible until :meth:`write`.
+
+        ``tag`` (at most :data:`MAX_TAG_BYTES` bytes) is stored with the block and
+        returned by ``scan``. Capacity accounting is exact: the reservation counts
+        in ``used_bytes`` until it is written or dropped by :meth:`evict`, and
+        evicting it returns ``used_bytes`` to its previous value. A backend that
+        allocates in units of a granule (pages, slots) counts ``nbytes`` rounded
+        up to it and declares it as ``stats().details["granule"]``.
+
+        Raises:
+            InputError: invalid key, negative ``nbytes``, ``nbytes`` above
+                ``max_block_bytes``, or a tag that is too long.
+            BlockExistsError: a committed block or a reservation exists for ``key``.
+            CapacityError: not enough free capacity.
+            BackendClosedError, BackendIOError.
+        """
+
+    @abstractmethod
+    async def write(self, allocation: Allocation, data: Buffer) -> None:
+        """Write ``data`` (exactly ``allocation.nbytes`` bytes) and commit the block.
+
+        On return the block is visible to :meth:`read` (and durable, for
+        persistent backends). If the write fails or is cancelled, nothing is
+        visible under the key and the reservation is released (also when
+        ``data`` is rejected for its length: allocate again to retry).
+
+        Raises:
+            InputError: ``data`` has the wrong length or is not a contiguous buffer.
+            BlockNotFoundError: the allocation is unknown (already written, or
+                dropped by ``evict``).
+            BackendClosedError, BackendIOError.
+        """
+
+    @abstractmethod
+    async def read(self, key: str, *, into: Buffer | None = None) -> memoryview:
+        """Return the committed bytes of ``key``.
+
+        Without ``into`` the result owns a fresh buffer. With ``into`` (a writable
+        contiguous buffer of at least the block's size) the bytes are copied
+        straight into it and the result is a view of its first ``nbytes`` bytes.
+
+        Raises:
+            BlockNotFoundError: no committed block (never written, evicted, or
+                lost by a shared store).
+            InputError: ``into`` is too small, read-only or not contiguous.
+            IntegrityError: the stored bytes failed verification (the block is
+                quarantined and not served again).
+            BackendClosedError, BackendIOError.
+        """
+
+    @abstractmethod
+    async def evict(self, key: str) -> bool:
+        """Remove the block or pending reservation under ``key`` and free its space.
+
+        Idempotent: returns ``True`` if something was removed, ``False`` if
+        nothing was there. Raises InputError, BackendClosedError, BackendIOError.
+        """
+
+    @abstractmethod
+    async def contains(self, key: str) -> bool:
+        """Whether a committed block exists under ``key`` (reservations do not count)."""
+
+    @abstractmethod
+    def stats(self) -> BackendStats:
+        """A snapshot of the accounting. Never does I/O; works after close."""
+
+    # ------------------------------------------------------------- batch twins
+    async def allocate_many(self, items: Sequence[tuple[str, int, bytes]]) -> list[Allocation]:
+        """Reserve several blocks, all or nothing: on failure the reservations
+        already made are dropped and the error is raised."""
+        done: list[Allocation] = []
+        try:
+            for key, nbytes, tag in items:
+                done.append(await self.allocate(key, nbytes, tag=tag))
+        except BaseException:
+            for a in done:
+                try:
+                    await self.evict(a.key)
+                except BackendError:
+                    pass
+            raise
+        return done
+
+    async def write_many(self, allocations: Sequence[Allocation], datas: Sequence[Buffer]) -> None:
+        """Write several blocks. Each block commits independently; on failure the
+        blocks not yet committed are released."""
+        if len(allocations) != len(datas):
+            raise InputError(f"write_many: {len(allocations)} allocations but {len(datas)} buffers")
+        i = 0
+        try:
+            for i, (a, d) in enumerate(zip(allocations, datas, strict=True)):  # noqa: B007
+                await self.write(a, d)
+        except BaseException:
+            for a in allocations[i + 1 :]:
+                try:
+                    await self.evict(a.key)
+                except BackendError:
+                    pass
+            raise
+
+    async def read_many(self, keys: Sequence[str], *, into: Sequence[Buffer] | None = None) -> list[memoryview]:
+        """Read several blocks; same errors as :meth:`read` (the first failure raises)."""
+        if into is not None and len(into) != len(keys):
+            raise InputError(f"read_many: {len(keys)} keys but {len(into)} buffers")
+        out: list[memoryview] = []
+        for i, k in enumerate(keys):
+            out.append(await self.read(k, into=None if into is None else into[i]))
+        return out
+
+    async def evict_many(self, keys: Sequence[str]) -> list[bool]:
+        """Evict several keys; idempotent like :meth:`evict`."""
+        return [await self.evict(k) for k in keys]
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("open" if self._opened else "new")
+        return f"<{type(self).__name__} {self.name!r} {state}>"
+
+
+@runtime_checkable
+class SupportsScan(Protocol):
+    """A persistent backend lists its committed blocks so a new process can
+    rebuild its index (warm start, crash recovery)."""
+
+    async def scan(self) -> list[BlockInfo]:
+        """Every committed block. Never lists torn or uncommitted blocks."""
+        ...
+
+
+@runtime_checkable
+class SupportsDeviceIO(Protocol):
+    """A backend that moves blocks to and from accelerator tensors: every
+    device-resident backend (HBM, without a host bounce), and storage tiers with
+    a direct path (NVMe through kvikio/GPUDirect Storage; on its POSIX path it
+    bounces through host memory). Same errors, durability and cancellation as
+    ``write`` / ``read``; a tensor that is not a contiguous device tensor of the
+    right size raises InputError."""
+
+    async def write_device(self, allocation: Allocation, tensor: Any) -> None:
+        """Like :meth:`Backend.write` from a device tensor (uint8, contiguous)."""
+        ...
+
+    async def read_device(self, key: str, *, into: Any) -> Any:
+        """Like :meth:`Backend.read` into a device tensor; returns a view of ``into``."""
+        ...
+
+
+@runtime_checkable
+class SupportsContentHash(Protocol):
+    """A backend tells the content hash of a committed block (checkpoint manifests
+    reference blocks by it). A content-addressed store answers from its index;
+    others may read the block (verified, like ``read``) and hash it."""
+
+    async def content_hash(self, key: str) -> str | None:
+        """``"sha256"`` hex digest of the block's bytes, or None if absent (or, for a
+        backend that reads to answer, when the block fails verification). Raises
+        BackendClosedError, BackendIOError."""
+        ...
+
+
+@runtime_checkable
+class SupportsTagLookup(Protocol):
+    """A shared backend (``capabilities.shared``) tells the tag of a block that
+    another process committed, so this process can adopt the block into its
+    index (the core's lookup/get consult it where the local index misses)."""
+
+    async def tag_of(self, key: str) -> bytes | None:
+        """The tag stored with the committed block ``key``, or None when absent
+        (or when the block fails the backend's own verification). Raises
+        BackendError when the tier fails."""
+        ...
+
+
+# ------------------------------------------------------------------------ the tag
+def tag_tenant(tag: bytes) -> bytes | None:
+    """The tenant of a block from its tag, when :class:`~tierkv.TierKV` wrote the tag; else None.
+
+    Tags are opaque to a backend: it stores them and gives them back (``scan``,
+    ``tag_of``). The one question a backend may ask of one is whose block it is: a
+    backend that shares storage between blocks of equal content (the ``pfs`` tier's
+    deduplication) shares it only between blocks of the same tenant. Pure.
+    """
+    from ._engine._tags import tag_tenant as tenant_of  # the core owns the tag format
+
+    return tenant_of(tag)
+
+
+# ------------------------------------------------------------------ discovery
+def load_backend_class(name: str) -> type[Backend]:
+    """The backend class registered as ``name`` in the ``tierkv.backends`` entry-point
+    group, imported and validated (:func:`validate_backend_class`), as the core loads it.
+
+    Raises :class:`~tierkv.PluginNotFoundError`, :class:`~tierkv.PluginConflictError`,
+    :class:`~tierkv.PluginUnavailableError` (the import failed; ``hint`` says what to
+    install) or :class:`~tierkv.PluginValidationError`.
+    """
+    from ._registry import load_backend_class as load
+
+    return load(name)
+
+
+def validate_backend_class(obj: object, *, name: str = "", distribution: str = "") -> type[Backend]:
+    """Check that ``obj`` is a concrete :class:`Backend` subclass of this :data:`API_VERSION`
+    with async data methods and a plain ``stats``; return it typed. Raises
+    :class:`~tierkv.PluginValidationError` naming what is wrong."""
+    from ._registry import validate_backend_class as validate
+
+    return validate(obj, name=name, distribution=distribution)
+
+
+# ---------------------------------------------------------- reservation ledger
+class Reservation:
+    """One pending reservation of a :class:`ReservationLedger`: what ``allocate`` promised.
+
+    ``nbytes`` is the size asked for; ``held`` what it counts in ``used_bytes`` (``nbytes``
+    rounded up to the medium's granule, a whole slot; ``nbytes`` by default). ``handle``
+    tells a fresh reservation from an older one of the same key (the ledger assigns it).
+    ``writing`` is set while a write of it is in flight (:meth:`ReservationLedger.claim`);
+    ``dropped`` once it left the ledger (evicted, aborted, or the backend closed).
+
+    Subclass it, with ``__slots__``, to keep a backend's own state of a reservation (an
+    arena offset, a slot number), or of the block it becomes.
+    """
+
+    __slots__ = ("dropped", "handle", "held", "key", "nbytes", "tag", "writing")
+
+    def __init__(self, key: str, nbytes: int, tag: bytes = b"", *, held: int | None = None) -> None:
+        self.key = key
+        self.nbytes = nbytes
+        self.tag = tag
+        self.held = nbytes if held is None else held
+        self.handle = 0
+        self.writing = False
+        self.dropped = False
+
+    def allocation(self) -> Allocation:
+        """The :class:`Allocation` that ``allocate`` returns for this reservation."""
+        return Allocation(self.key, self.nbytes, self.tag, self.handle)
+
+    def __repr__(self) -> str:
+        state = "dropped" if self.dropped else ("writing" if self.writing else "pending")
+        return f"<{type(self).__name__} {self.key!r} {self.nbytes} B (holds {self.held}) #{self.handle} {state}>"
+
+
+_R = TypeVar("_R", bound=Reservation)
+
+
+class ReservationLedger(Generic[_R]):
+    """The reservation bookkeeping of a backend, exact and in one place.
+
+    It keeps the pending reservations (``allocate`` until ``write`` commits, or
+    ``evict`` drops them) under their keys and three counts that return exactly to
+    their previous values when a reservation is dropped or a committed block leaves:
+
+    * ``reserved_bytes``: what pending reservations hold;
+    * ``used_bytes``: what committed blocks and pending reservations hold
+      (``committed_bytes + reserved_bytes``), the ``BackendStats.used_bytes``;
+    * ``logical_bytes``: the exact sizes asked for, of both.
+
+    With ``capacity`` it refuses a reservation that does not fit
+    (:class:`~tierkv.CapacityError`); a backend whose allocator decides that (an arena,
+    a pool of slots) passes None and asks its allocator. The committed blocks
+    themselves (their bytes, their index) stay the backend's; it tells the ledger
+    when one arrives (:meth:`commit`, or :meth:`restore` for blocks found at open)
+    and leaves (:meth:`release`).
+
+    The life of a reservation (``self._blocks``: the backend's committed index)::
+
+        # allocate: check, fit, add (all three in one: ledger.reserve(...))
+        ledger.check(key, nbytes, tag, committed=self._blocks)
+        ledger.check_fits(held)
+        allocation = ledger.add(MyReservation(key, nbytes, tag, held=held, slot=...))
+        # write
+        r = ledger.claim(allocation)     # BlockNotFoundError if unknown or in flight
+        ...copy or I/O...                 # failed or cancelled: ledger.abort(r), undo, raise
+        if not ledger.commit(r):          # evicted meanwhile: undo, raise BlockNotFoundError
+            ...
+        self._blocks[r.key] = ...
+        # evict
+        r = ledger.drop(key)              # a pending reservation (free it unless r.writing)
+        ledger.release(nbytes, held)      # or a committed block
+
+    Not thread-safe: call it from the event loop, without an ``await`` between a check
+    and the change it guards.
+    """
+
+    __slots__ = (
+        "_next_handle",
+        "capacity",
+        "committed_bytes",
+        "logical_bytes",
+        "max_block_bytes",
+        "pending",
+        "reserved_bytes",
+        "tier",
+    )
+
+    def __init__(self, *, tier: str = "", capacity: int | None = None, max_block_bytes: int = 1 << 30) -> None:
+        self.tier = tier
+        self.capacity = capacity
+        self.max_block_bytes = max_block_bytes
+        #: the pending reservations by key
+        self.pending: dict[str, _R] = {}
+        self.reserved_bytes = 0
+        self.committed_bytes = 0
+        self.logical_bytes = 0
+        self._next_handle = 1
+
+    # ------------------------------------------------------------------ counts
+    @property
+    def used_bytes(self) -> int:
+        """What committed blocks and pending reservations hold."""
+        return self.committed_bytes + self.reserved_bytes
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.pending
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def get(self, key: str) -> _R | None:
+        """The pending reservation under ``key``, or None."""
+        return self.pending.get(key)
+
+    # --------------------------------------------------------------- allocate
+    def check(self, key: object, nbytes: object, tag: object, *, committed: Container[str] = ()) -> None:
+        """The checks of ``allocate``: :func:`check_allocation` (InputError), then
+        :class:`~tierkv.BlockExistsError` when ``key`` is pending here or in ``committed``."""
+        check_allocation(key, nbytes, tag, max_block_bytes=self.max_block_bytes, tier=self.tier)
+        assert isinstance(key, str)
+        if key in self.pending or key in committed:
+            raise BlockExistsError(f"a block or reservation exists under {key!r}", tier=self.tier)
+
+    def check_fits(self, held: int, *, used: int | None = None) -> None:
+        """CapacityError unless ``held`` more bytes fit in ``capacity`` (nothing to check
+        without one). ``used`` replaces ``used_bytes`` where the backend counts the
+        committed part itself (content shared between blocks counted once)."""
+        if self.capacity is None:
+            return
+        now = self.used_bytes if used is None else used
+        if now + held > self.capacity:
+            raise CapacityError(
+                f"cannot reserve {held} bytes: {max(0, self.capacity - now)} of {self.capacity} free",
+                tier=self.tier,
+            )
+
+    def handles(self, count: int) -> range:
+        """``count`` fresh handles (for reservations added with :meth:`add_many`)."""
+        h0 = self._next_handle
+        self._next_handle = h0 + count
+        return range(h0, h0 + count)
+
+    def add(self, r: _R) -> Allocation:
+        """Register the checked reservation ``r`` (give it a fresh handle) and return its
+        :class:`Allocation`."""
+        r.handle = self._next_handle
+        self._next_handle += 1
+        self.pending[r.key] = r
+        self.reserved_bytes += r.held
+        self.logical_bytes += r.nbytes
+        return Allocation(r.key, r.nbytes, r.tag, r.handle)
+
+    def add_many(self, records: Iterable[_R], *, nbytes: int, held: int) -> None:
+        """Register checked reservations at once; their handles come from :meth:`handles`,
+        and ``nbytes`` / ``held`` are their totals (a batch computes them in one pass)."""
+        self.pending.update((r.key, r) for r in records)
+        self.reserved_bytes += held
+        self.logical_bytes += nbytes
+
+    def reserve(
+        self: ReservationLedger[Reservation], key: str, nbytes: int, tag: bytes = b"", *, committed: Container[str] = ()
+    ) -> Allocation:
+        """:meth:`check`, :meth:`check_fits` and :meth:`add` of a plain :class:`Reservation`
+        holding ``nbytes``: the whole ``allocate`` of a backend without an allocator of its own."""
+        self.check(key, nbytes, tag, committed=committed)
+        self.check_fits(nbytes)
+        return self.add(Reservation(key, nbytes, bytes(tag)))
+
+    # ------------------------------------------------------------------ write
+    def claim(self, allocation: object) -> _R:
+        """Start a write of ``allocation``: its pending reservation, marked ``writing``.
+
+        Raises :class:`~tierkv.BlockNotFoundError` when it is not a pending reservation
+        of this ledger (never made, already written, dropped: an older handle of the
+        key) or a write of it is already in flight."""
+        r = self.pending.get(allocation.key) if isinstance(allocation, Allocation) else None
+        if r is None or r.handle != getattr(allocation, "handle", None) or r.writing:
+            raise BlockNotFoundError(f"unknown or already written allocation {allocation!r}", tier=self.tier)
+        r.writing = True
+        return r
+
+    def is_pending(self, r: _R) -> bool:
+        """Whether ``r`` is still the pending reservation of its key (not dropped)."""
+        return self.pending.get(r.key) is r
+
+    def commit(self, r: _R, *, held: int | None = None) -> bool:
+        """The write of ``r`` is done: it leaves the pending set and counts as a committed
+        block holding ``held`` bytes (default ``r.held``; less where its content is
+        shared). False, and nothing counted, when ``r`` was dropped meanwhile (the
+        caller undoes what it stored and raises BlockNotFoundError)."""
+        r.writing = False
+        if self.pending.get(r.key) is not r:
+            return False
+        del self.pending[r.key]
+        self.reserved_bytes -= r.held
+        self.committed_bytes += r.held if held is None else held
+        return True
+
+    def commit_many(self, records: Sequence[_R]) -> None:
+        """:meth:`commit` of several reservations known to be pending (not dropped)."""
+        pending = self.pending
+        held = 0
+        for r in records:
+            r.writing = False
+            del pending[r.key]
+            held += r.held
+        self.reserved_bytes -= held
+        self.committed_bytes += held
+
+    def abort(self, r: _R) -> bool:
+        """A write of ``r`` failed, was cancelled or its data was refused: drop ``r`` if it
+        is still pending. True when it was (its storage is now the caller's to free);
+        False when an evict (or close) dropped it before."""
+        r.writing = False
+        if self.pending.get(r.key) is not r:
+            return False
+        self._forget(r)
+        return True
+
+    # ------------------------------------------------------------------ evict
+    def drop(self, key: str) -> _R | None:
+        """Evict the pending reservation under ``key``: it leaves the ledger (``dropped``)
+        and is returned, or None if there is none. Its storage is the caller's to free,
+        unless a write of it is in flight (``r.writing``): that write frees it when its
+        :meth:`commit` says False."""
+        r = self.pending.get(key)
+        if r is None:
+            return None
+        self._forget(r)
+        return r
+
+    def clear(self) -> list[_R]:
+        """Drop every pending reservation (at close) and return them."""
+        dropped = list(self.pending.values())
+        for r in dropped:
+            r.dropped = True
+        self.pending.clear()
+        self.reserved_bytes = 0
+        self.logical_bytes -= sum(r.nbytes for r in dropped)
+        return dropped
+
+    def _forget(self, r: _R) -> None:
+        del self.pending[r.key]
+        r.dropped = True
+        self.reserved_bytes -= r.held
+        self.logical_bytes -= r.nbytes
+
+    # ---------------------------------------------------------- committed blocks
+    def release(self, nbytes: int, held: int | None = None) -> None:
+        """A committed block of ``nbytes`` leaves (evicted, lost, quarantined) and gives
+        back ``held`` bytes (default ``nbytes``; 0 where its content is still shared)."""
+        self.logical_bytes -= nbytes
+        self.committed_bytes -= nbytes if held is None else held
+
+    def restore(self, nbytes: int, held: int | None = None) -> None:
+        """A committed block of ``nbytes`` holding ``held`` bytes (default ``nbytes``) that
+        the backend found on its medium (at open, by a scan) joins the counts."""
+        self.logical_bytes += nbytes
+        self.committed_bytes += nbytes if held is None else held
