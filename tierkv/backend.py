@@ -64,24 +64,19 @@ Contract shared by every method
 
 from __future__ import annotations
 
-import errno
-import math
-import re
-import threading
 import types
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 
-import anyio
-import anyio.from_thread
-import anyio.lowlevel
-import anyio.to_thread
 import numpy as np
 
+from ._blocking import os_error, run_blocking
+from ._checks import MAX_TAG_BYTES, as_byte_view, check_allocation, into_view, validate_key
+from ._ledger import Allocation, Reservation, ReservationLedger
 from ._options import (
     config_path,
     opt_bool,
@@ -94,17 +89,7 @@ from ._options import (
     parse_size,
     reject_unknown,
 )
-from .errors import (
-    BackendClosedError,
-    BackendError,
-    BackendIOError,
-    BlockExistsError,
-    BlockNotFoundError,
-    CapacityError,
-    InputError,
-)
-
-_T = TypeVar("_T")
+from .errors import BackendClosedError, BackendError, InputError
 
 __all__ = [
     "API_VERSION",
@@ -148,11 +133,6 @@ __all__ = [
 #: Version of this protocol. A backend declares the version it implements in
 #: ``Backend.api_version``; the registry refuses a mismatch.
 API_VERSION = 1
-
-#: Largest ``tag`` a backend must be able to store with a block.
-MAX_TAG_BYTES = 256
-
-_KEY_RE = re.compile(r"[0-9A-Za-z._-]{1,128}")
 
 #: Host buffers accepted by ``write`` and ``read(into=...)``: anything exposing
 #: the buffer protocol with C-contiguous memory (bytes, bytearray, memoryview,
@@ -242,20 +222,6 @@ class Availability:
 
 
 @dataclass(frozen=True, slots=True)
-class Allocation:
-    """A reservation returned by :meth:`Backend.allocate` and consumed by :meth:`Backend.write`.
-
-    ``handle`` is backend-private (an arena offset, a slot number); callers
-    must treat it as opaque.
-    """
-
-    key: str
-    nbytes: int
-    tag: bytes = b""
-    handle: int = 0
-
-
-@dataclass(frozen=True, slots=True)
 class BlockInfo:
     """One committed block as reported by :meth:`SupportsScan.scan`."""
 
@@ -289,159 +255,6 @@ class BackendStats:
     io_path: str = ""
     emulated: bool = False
     details: Mapping[str, Any] = field(default_factory=lambda: types.MappingProxyType({}))
-
-
-def validate_key(key: object, *, tier: str = "") -> str:
-    """Return ``key`` if it is a valid block key, else raise :class:`~tierkv.InputError`."""
-    if not isinstance(key, str) or not _KEY_RE.fullmatch(key):
-        raise InputError(
-            f"{'[' + tier + '] ' if tier else ''}invalid block key {key!r}: "
-            "expected 1-128 characters from [0-9A-Za-z._-]"
-        )
-    return key
-
-
-def check_allocation(key: object, nbytes: object, tag: object, *, max_block_bytes: int, tier: str = "") -> None:
-    """Validate the arguments of :meth:`Backend.allocate` as every backend must:
-    a valid key, ``nbytes`` a non-negative int of at most ``max_block_bytes``,
-    ``tag`` bytes of at most :data:`MAX_TAG_BYTES`. Raises :class:`~tierkv.InputError`."""
-    validate_key(key, tier=tier)
-    where = f"[{tier}] " if tier else ""
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-        raise InputError(f"{where}nbytes must be a non-negative int, got {nbytes!r}")
-    if nbytes > max_block_bytes:
-        raise InputError(f"{where}block of {nbytes} bytes exceeds max_block_bytes={max_block_bytes}")
-    if not isinstance(tag, (bytes, bytearray)) or len(tag) > MAX_TAG_BYTES:
-        raise InputError(f"{where}tag must be bytes of at most {MAX_TAG_BYTES} bytes")
-
-
-def into_view(into: object, nbytes: int, *, tier: str = "") -> memoryview:
-    """The first ``nbytes`` bytes of a caller's ``read(into=...)`` buffer, as a
-    writable contiguous view. Raises :class:`~tierkv.InputError` when ``into`` is
-    read-only, not contiguous or smaller than the block."""
-    mv = as_byte_view(into, writable=True, what="into")
-    if mv.nbytes < nbytes:
-        raise InputError(f"{'[' + tier + '] ' if tier else ''}into has {mv.nbytes} bytes, block has {nbytes}")
-    return mv[:nbytes]
-
-
-def as_byte_view(data: object, *, writable: bool = False, what: str = "data") -> memoryview:
-    """View ``data`` as a flat, C-contiguous ``memoryview`` of bytes (no copy).
-
-    Raises :class:`~tierkv.InputError` for objects without the buffer protocol,
-    non-contiguous memory, or (with ``writable``) read-only memory.
-    """
-    if isinstance(data, np.ndarray):
-        if not data.flags.c_contiguous:
-            raise InputError(f"{what}: numpy array is not C-contiguous")
-        try:
-            mv = data.reshape(-1).view(np.uint8).data
-        except (ValueError, TypeError) as exc:
-            raise InputError(f"{what}: cannot view array of dtype {data.dtype} as bytes") from exc
-    else:
-        try:
-            mv = memoryview(data)  # type: ignore[arg-type]
-        except TypeError as exc:
-            raise InputError(f"{what}: {type(data).__name__} does not expose the buffer protocol") from exc
-        if not mv.c_contiguous:
-            raise InputError(f"{what}: buffer is not C-contiguous")
-        if mv.format != "B" or mv.ndim != 1:
-            mv = mv.cast("B")
-    if writable and mv.readonly:
-        raise InputError(f"{what}: buffer is read-only")
-    return mv
-
-
-#: ``errno`` values that mean the medium is full: a capacity condition, not a failure
-CAPACITY_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
-
-
-def os_error(exc: OSError, what: str, *, tier: str = "") -> BackendError:
-    """The tierkv error for an ``OSError`` raised by ``what`` (chain it: ``raise
-    os_error(exc, ...) from exc``). A full medium (``ENOSPC``, ``EDQUOT``) is
-    :class:`~tierkv.CapacityError`: the core then places the block elsewhere and keeps
-    the tier in service for reads; anything else is :class:`~tierkv.BackendIOError`. A
-    tierkv error (which may also be an ``OSError``) is returned as it is."""
-    if isinstance(exc, BackendError):
-        return exc
-    if exc.errno in CAPACITY_ERRNOS:
-        return CapacityError(f"{what}: the medium is full ({exc})", tier=tier)
-    return BackendIOError(f"{what}: {exc}", tier=tier)
-
-
-_HOP_LIMITER: anyio.lowlevel.RunVar[anyio.CapacityLimiter] = anyio.lowlevel.RunVar("tierkv_hop_limiter")
-
-
-def _hop_limiter() -> anyio.CapacityLimiter:
-    """An unbounded limiter for the thread hops of :func:`run_blocking` (the bound is the
-    caller's limiter, held on behalf of each call), one per event loop."""
-    try:
-        return _HOP_LIMITER.get()
-    except LookupError:
-        lim = anyio.CapacityLimiter(math.inf)
-        _HOP_LIMITER.set(lim)
-        return lim
-
-
-class _Call:
-    """One abandonable call of :func:`run_blocking`: who gives its limiter slot back."""
-
-    __slots__ = ("lock", "state")
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.state = "queued"  # -> "running" -> "done"; or "dropped" / "abandoned" by the caller
-
-
-async def run_blocking(
-    fn: Callable[..., _T], *args: Any, limiter: anyio.CapacityLimiter, abandon_on_cancel: bool = False
-) -> _T:
-    """Run the blocking ``fn(*args)`` in a worker thread, holding a slot of ``limiter``.
-
-    Without ``abandon_on_cancel`` this is ``anyio.to_thread.run_sync``: a cancelled caller
-    waits for the thread. With it, a cancelled caller returns at once and the thread runs
-    on in the background; its result (or exception) is discarded. Use it only where what
-    the thread writes is private to the call (a read into buffers the backend allocated
-    for it, never a caller's ``into=``). The limiter slot is held until the thread really
-    ends, under asyncio and trio alike (anyio's own ``abandon_on_cancel`` gives it back at
-    the cancellation on asyncio), so that at most ``total_tokens`` threads are ever busy
-    and a backend that waits for all its slots (at close) waits for abandoned threads too.
-    A call cancelled before its thread started never runs ``fn``.
-    """
-    if not abandon_on_cancel:
-        return await anyio.to_thread.run_sync(fn, *args, limiter=limiter)
-    call = _Call()
-    await limiter.acquire_on_behalf_of(call)
-    token = anyio.lowlevel.current_token()
-
-    def work() -> _T:
-        with call.lock:
-            if call.state != "queued":
-                raise anyio.get_cancelled_exc_class()()  # dropped before it started: never runs
-            call.state = "running"
-        try:
-            return fn(*args)
-        finally:
-            with call.lock:
-                give_back = call.state == "abandoned"
-                call.state = "done"
-            if give_back:
-                try:
-                    anyio.from_thread.run_sync(limiter.release_on_behalf_of, call, token=token)
-                except Exception:  # pragma: no cover - the event loop (and its limiter) is gone
-                    pass
-
-    try:
-        result = await anyio.to_thread.run_sync(work, abandon_on_cancel=True, limiter=_hop_limiter())
-    except BaseException:
-        with call.lock:
-            running = call.state == "running"
-            call.state = "abandoned" if running else ("dropped" if call.state == "queued" else call.state)
-        if not running:
-            limiter.release_on_behalf_of(call)
-        raise
-    limiter.release_on_behalf_of(call)
-    return result
 
 
 class Backend(ABC):
@@ -753,262 +566,9 @@ def validate_backend_class(obj: object, *, name: str = "", distribution: str = "
     return validate(obj, name=name, distribution=distribution)
 
 
-# ---------------------------------------------------------- reservation ledger
-class Reservation:
-    """One pending reservation of a :class:`ReservationLedger`: what ``allocate`` promised.
-
-    ``nbytes`` is the size asked for; ``held`` what it counts in ``used_bytes`` (``nbytes``
-    rounded up to the medium's granule, a whole slot; ``nbytes`` by default). ``handle``
-    tells a fresh reservation from an older one of the same key (the ledger assigns it).
-    ``writing`` is set while a write of it is in flight (:meth:`ReservationLedger.claim`);
-    ``dropped`` once it left the ledger (evicted, aborted, or the backend closed).
-
-    Subclass it, with ``__slots__``, to keep a backend's own state of a reservation (an
-    arena offset, a slot number), or of the block it becomes.
-    """
-
-    __slots__ = ("dropped", "handle", "held", "key", "nbytes", "tag", "writing")
-
-    def __init__(self, key: str, nbytes: int, tag: bytes = b"", *, held: int | None = None) -> None:
-        self.key = key
-        self.nbytes = nbytes
-        self.tag = tag
-        self.held = nbytes if held is None else held
-        self.handle = 0
-        self.writing = False
-        self.dropped = False
-
-    def allocation(self) -> Allocation:
-        """The :class:`Allocation` that ``allocate`` returns for this reservation."""
-        return Allocation(self.key, self.nbytes, self.tag, self.handle)
-
-    def __repr__(self) -> str:
-        state = "dropped" if self.dropped else ("writing" if self.writing else "pending")
-        return f"<{type(self).__name__} {self.key!r} {self.nbytes} B (holds {self.held}) #{self.handle} {state}>"
-
-
-_R = TypeVar("_R", bound=Reservation)
-
-
-class ReservationLedger(Generic[_R]):
-    """The reservation bookkeeping of a backend, exact and in one place.
-
-    It keeps the pending reservations (``allocate`` until ``write`` commits, or
-    ``evict`` drops them) under their keys and three counts that return exactly to
-    their previous values when a reservation is dropped or a committed block leaves:
-
-    * ``reserved_bytes``: what pending reservations hold;
-    * ``used_bytes``: what committed blocks and pending reservations hold
-      (``committed_bytes + reserved_bytes``), the ``BackendStats.used_bytes``;
-    * ``logical_bytes``: the exact sizes asked for, of both.
-
-    With ``capacity`` it refuses a reservation that does not fit
-    (:class:`~tierkv.CapacityError`); a backend whose allocator decides that (an arena,
-    a pool of slots) passes None and asks its allocator. The committed blocks
-    themselves (their bytes, their index) stay the backend's; it tells the ledger
-    when one arrives (:meth:`commit`, or :meth:`restore` for blocks found at open)
-    and leaves (:meth:`release`).
-
-    The life of a reservation (``self._blocks``: the backend's committed index)::
-
-        # allocate: check, fit, add (all three in one: ledger.reserve(...))
-        ledger.check(key, nbytes, tag, committed=self._blocks)
-        ledger.check_fits(held)
-        allocation = ledger.add(MyReservation(key, nbytes, tag, held=held, slot=...))
-        # write
-        r = ledger.claim(allocation)     # BlockNotFoundError if unknown or in flight
-        ...copy or I/O...                 # failed or cancelled: ledger.abort(r), undo, raise
-        if not ledger.commit(r):          # evicted meanwhile: undo, raise BlockNotFoundError
-            ...
-        self._blocks[r.key] = ...
-        # evict
-        r = ledger.drop(key)              # a pending reservation (free it unless r.writing)
-        ledger.release(nbytes, held)      # or a committed block
-
-    Not thread-safe: call it from the event loop, without an ``await`` between a check
-    and the change it guards.
-    """
-
-    __slots__ = (
-        "_next_handle",
-        "capacity",
-        "committed_bytes",
-        "logical_bytes",
-        "max_block_bytes",
-        "pending",
-        "reserved_bytes",
-        "tier",
-    )
-
-    def __init__(self, *, tier: str = "", capacity: int | None = None, max_block_bytes: int = 1 << 30) -> None:
-        self.tier = tier
-        self.capacity = capacity
-        self.max_block_bytes = max_block_bytes
-        #: the pending reservations by key
-        self.pending: dict[str, _R] = {}
-        self.reserved_bytes = 0
-        self.committed_bytes = 0
-        self.logical_bytes = 0
-        self._next_handle = 1
-
-    # ------------------------------------------------------------------ counts
-    @property
-    def used_bytes(self) -> int:
-        """What committed blocks and pending reservations hold."""
-        return self.committed_bytes + self.reserved_bytes
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.pending
-
-    def __len__(self) -> int:
-        return len(self.pending)
-
-    def get(self, key: str) -> _R | None:
-        """The pending reservation under ``key``, or None."""
-        return self.pending.get(key)
-
-    # --------------------------------------------------------------- allocate
-    def check(self, key: object, nbytes: object, tag: object, *, committed: Container[str] = ()) -> None:
-        """The checks of ``allocate``: :func:`check_allocation` (InputError), then
-        :class:`~tierkv.BlockExistsError` when ``key`` is pending here or in ``committed``."""
-        check_allocation(key, nbytes, tag, max_block_bytes=self.max_block_bytes, tier=self.tier)
-        assert isinstance(key, str)
-        if key in self.pending or key in committed:
-            raise BlockExistsError(f"a block or reservation exists under {key!r}", tier=self.tier)
-
-    def check_fits(self, held: int, *, used: int | None = None) -> None:
-        """CapacityError unless ``held`` more bytes fit in ``capacity`` (nothing to check
-        without one). ``used`` replaces ``used_bytes`` where the backend counts the
-        committed part itself (content shared between blocks counted once)."""
-        if self.capacity is None:
-            return
-        now = self.used_bytes if used is None else used
-        if now + held > self.capacity:
-            raise CapacityError(
-                f"cannot reserve {held} bytes: {max(0, self.capacity - now)} of {self.capacity} free",
-                tier=self.tier,
-            )
-
-    def handles(self, count: int) -> range:
-        """``count`` fresh handles (for reservations added with :meth:`add_many`)."""
-        h0 = self._next_handle
-        self._next_handle = h0 + count
-        return range(h0, h0 + count)
-
-    def add(self, r: _R) -> Allocation:
-        """Register the checked reservation ``r`` (give it a fresh handle) and return its
-        :class:`Allocation`."""
-        r.handle = self._next_handle
-        self._next_handle += 1
-        self.pending[r.key] = r
-        self.reserved_bytes += r.held
-        self.logical_bytes += r.nbytes
-        return Allocation(r.key, r.nbytes, r.tag, r.handle)
-
-    def add_many(self, records: Iterable[_R], *, nbytes: int, held: int) -> None:
-        """Register checked reservations at once; their handles come from :meth:`handles`,
-        and ``nbytes`` / ``held`` are their totals (a batch computes them in one pass)."""
-        self.pending.update((r.key, r) for r in records)
-        self.reserved_bytes += held
-        self.logical_bytes += nbytes
-
-    def reserve(
-        self: ReservationLedger[Reservation], key: str, nbytes: int, tag: bytes = b"", *, committed: Container[str] = ()
-    ) -> Allocation:
-        """:meth:`check`, :meth:`check_fits` and :meth:`add` of a plain :class:`Reservation`
-        holding ``nbytes``: the whole ``allocate`` of a backend without an allocator of its own."""
-        self.check(key, nbytes, tag, committed=committed)
-        self.check_fits(nbytes)
-        return self.add(Reservation(key, nbytes, bytes(tag)))
-
-    # ------------------------------------------------------------------ write
-    def claim(self, allocation: object) -> _R:
-        """Start a write of ``allocation``: its pending reservation, marked ``writing``.
-
-        Raises :class:`~tierkv.BlockNotFoundError` when it is not a pending reservation
-        of this ledger (never made, already written, dropped: an older handle of the
-        key) or a write of it is already in flight."""
-        r = self.pending.get(allocation.key) if isinstance(allocation, Allocation) else None
-        if r is None or r.handle != getattr(allocation, "handle", None) or r.writing:
-            raise BlockNotFoundError(f"unknown or already written allocation {allocation!r}", tier=self.tier)
-        r.writing = True
-        return r
-
-    def is_pending(self, r: _R) -> bool:
-        """Whether ``r`` is still the pending reservation of its key (not dropped)."""
-        return self.pending.get(r.key) is r
-
-    def commit(self, r: _R, *, held: int | None = None) -> bool:
-        """The write of ``r`` is done: it leaves the pending set and counts as a committed
-        block holding ``held`` bytes (default ``r.held``; less where its content is
-        shared). False, and nothing counted, when ``r`` was dropped meanwhile (the
-        caller undoes what it stored and raises BlockNotFoundError)."""
-        r.writing = False
-        if self.pending.get(r.key) is not r:
-            return False
-        del self.pending[r.key]
-        self.reserved_bytes -= r.held
-        self.committed_bytes += r.held if held is None else held
-        return True
-
-    def commit_many(self, records: Sequence[_R]) -> None:
-        """:meth:`commit` of several reservations known to be pending (not dropped)."""
-        pending = self.pending
-        held = 0
-        for r in records:
-            r.writing = False
-            del pending[r.key]
-            held += r.held
-        self.reserved_bytes -= held
-        self.committed_bytes += held
-
-    def abort(self, r: _R) -> bool:
-        """A write of ``r`` failed, was cancelled or its data was refused: drop ``r`` if it
-        is still pending. True when it was (its storage is now the caller's to free);
-        False when an evict (or close) dropped it before."""
-        r.writing = False
-        if self.pending.get(r.key) is not r:
-            return False
-        self._forget(r)
-        return True
-
-    # ------------------------------------------------------------------ evict
-    def drop(self, key: str) -> _R | None:
-        """Evict the pending reservation under ``key``: it leaves the ledger (``dropped``)
-        and is returned, or None if there is none. Its storage is the caller's to free,
-        unless a write of it is in flight (``r.writing``): that write frees it when its
-        :meth:`commit` says False."""
-        r = self.pending.get(key)
-        if r is None:
-            return None
-        self._forget(r)
-        return r
-
-    def clear(self) -> list[_R]:
-        """Drop every pending reservation (at close) and return them."""
-        dropped = list(self.pending.values())
-        for r in dropped:
-            r.dropped = True
-        self.pending.clear()
-        self.reserved_bytes = 0
-        self.logical_bytes -= sum(r.nbytes for r in dropped)
-        return dropped
-
-    def _forget(self, r: _R) -> None:
-        del self.pending[r.key]
-        r.dropped = True
-        self.reserved_bytes -= r.held
-        self.logical_bytes -= r.nbytes
-
-    # ---------------------------------------------------------- committed blocks
-    def release(self, nbytes: int, held: int | None = None) -> None:
-        """A committed block of ``nbytes`` leaves (evicted, lost, quarantined) and gives
-        back ``held`` bytes (default ``nbytes``; 0 where its content is still shared)."""
-        self.logical_bytes -= nbytes
-        self.committed_bytes -= nbytes if held is None else held
-
-    def restore(self, nbytes: int, held: int | None = None) -> None:
-        """A committed block of ``nbytes`` holding ``held`` bytes (default ``nbytes``) that
-        the backend found on its medium (at open, by a scan) joins the counts."""
-        self.logical_bytes += nbytes
-        self.committed_bytes += nbytes if held is None else held
+# the names re-exported from private modules are documented as this module's (as httpx does)
+for _name in __all__:
+    _obj = globals()[_name]
+    if str(getattr(_obj, "__module__", "")).startswith("tierkv._"):
+        _obj.__module__ = __name__
+del _name, _obj
