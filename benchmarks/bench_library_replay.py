@@ -120,7 +120,10 @@ class Workload:
 
 
 def watermarks(capacity: int, headroom: float) -> tuple[float, float]:
-    """(high, low) watermark fractions for a tier of ``capacity`` blocks."""
+    """(high, low) watermark fractions for a tier of ``capacity`` blocks; ``headroom`` 0: both at 1.0 (a block
+    leaves only when a new one needs its room: exact, and slow)."""
+    if headroom <= 0:
+        return 1.0, 1.0
     g = min(0.25, max(headroom, 128 / capacity))
     return 1.0 - g, 1.0 - 2.0 * g
 
