@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import tierkv._tierkv as core
+import tierkv._engine._tierkv as core
 from tierkv import InputError, TierKV
 from tierkv._backend import Backend
 from tierkv._registry import load_backend_class

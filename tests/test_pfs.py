@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tierkv import _errors as E
 from tierkv._backend import MAX_TAG_BYTES, SupportsScan, TierKind
-from tierkv._tierkv import pack_tag
+from tierkv._engine._tags import pack_tag
 from tierkv_backends import pfs as pfs_mod
 from tierkv_backends.pfs import PfsBackend
 

@@ -49,18 +49,18 @@ async def wait_for(cond: Any, limit: float = 10.0) -> None:
 
 async def test_service_lifecycle_and_single_instance(tmp_path: Path) -> None:
     async with await TierKV.open(config(tmp_path)) as kv:
-        assert kv._jobs is not None  # started by async with
+        assert kv._s.service.running  # started by async with
         with pytest.raises(SchedulerError):
             await kv.run_scheduler()
-    assert kv._jobs is None and kv._service_tg is None
+    assert not kv._s.service.running and kv._service_tg is None
     kv2 = await TierKV.open(config(tmp_path / "b"))
     try:
         async with anyio.create_task_group() as tg:
             await tg.start(kv2.run_scheduler)
-            assert kv2._jobs is not None
+            assert kv2._s.service.running
             await kv2.put(list(range(32)), kv_for(32))
             tg.cancel_scope.cancel()  # shutdown by cancellation
-        assert kv2._jobs is None
+        assert not kv2._s.service.running
         assert (await kv2.get(list(range(32)))).tokens == 32  # still usable without the service
     finally:
         await kv2.aclose()
@@ -88,7 +88,7 @@ async def test_prefetch_promotes_the_rope_window(tmp_path: Path) -> None:
         await kv.put(toks, kv_for(64), durable=True)
         # move everything to PFS by hand: drop the DRAM copies (the durable copies stay)
         for e in list(kv._index.values()):
-            await kv._demote_to_backing(e)
+            await kv._s.mover.demote_to_backing(e)
         assert (await kv.lookup(toks)).tiers == ("pfs",)
         n = await kv.prefetch(toks, decode_position=17)  # blocks covering [17, 17 + w]
         assert n >= 1
@@ -134,7 +134,7 @@ async def _faulty_kv(tmp_path: Path, policy: str = "recompute") -> tuple[TierKV,
     dram = FaultInjectingBackend(await DramBackend.open({"capacity": 64 << 20}, name="dram"), name="dram")
     pfs = await PfsBackend.open({"path": str(tmp_path / "pfs"), "capacity": "512MiB"}, name="pfs")
     kv = TierKV(cfg, [("dram", dram), ("pfs", pfs)])
-    await kv._recover()
+    await kv._s.durable.recover()
     return kv, dram
 
 
@@ -202,12 +202,12 @@ async def test_hints_drive_the_markov_chain_and_tool_prefetch(tmp_path: Path) ->
         ctx = list(range(7000, 7032))
         await kv.put(ctx, kv_for(32, 9), block_type="tool_context", durable=True)
         for e in list(kv._index.values()):
-            await kv._demote_to_backing(e)
+            await kv._s.mover.demote_to_backing(e)
         kv.hint(tool="code")
         kv.hint(tool="search")  # search -> code -> search: after "search", "code" was seen once
         kv.hint(tool="code")
         # after "code" the chain predicts "search" (p = 1.0): its context is prefetched into DRAM
-        await wait_for(lambda: kv._index[next(iter(kv._tool_blocks["search"]))].tier == 0)
+        await wait_for(lambda: kv._index[next(iter(kv._s.tool_blocks["search"]))].tier == 0)
         pred = kv._sched.chain.predict("code")
         assert pred is not None and pred[0] == "search" and pred[1] == 1.0
         with pytest.raises(InputError, match="block_type"):

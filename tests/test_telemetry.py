@@ -330,7 +330,7 @@ async def open_faulty(tmp_path: Path, otel: Otel, **sched: Any) -> tuple[TierKV,
     backends[0] = ("dram", faulty)
     tel = Telemetry(cfg.telemetry, tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider)
     kv = TierKV(cfg, backends, telemetry=tel)
-    await kv._recover()
+    await kv._s.durable.recover()
     return kv, faulty
 
 

@@ -122,7 +122,7 @@ async def test_live_stores_share_a_provider_and_close_unregisters(tmp_path: Path
         seen = used_by_tier()
         assert seen.get("dram", 0) > 0 and seen.get("dram_b", 0) > 0
         await a.aclose()
-        a._tel.close()  # what TierKV.aclose calls (idempotent)
+        a._s.tel.close()  # what TierKV.aclose calls (idempotent)
         seen = used_by_tier()
         assert "dram" not in seen and seen.get("dram_b", 0) > 0
         ref = weakref.ref(a)

@@ -315,7 +315,7 @@ async def test_concurrent_durable_puts_of_one_prefix_return_only_once_stored(tmp
                 toks = list(range(1000 * r, 1000 * r + 48))
                 await kv.put(toks, kv_for(48, seed=r), durable=True)
                 look = await kv.lookup(toks)
-                entries = [kv._index.get(k.hex()) for k in kv._keys(toks, None)[1]]
+                entries = [kv._index.get(k.hex()) for k in kv._s.keys(toks, None)[1]]
                 if look.tokens != 48 or any(e is None or e.backing < 0 for e in entries):
                     problems.append(f"client {c} round {r}: {look.tokens} tokens after a durable put")
 

@@ -52,7 +52,7 @@ from ._errors import (
 )
 from ._keys import Scope
 from ._model import AttentionKind, ModelSpec
-from ._tierkv import CheckpointResult, GetResult, LookupResult, PutResult, TenantStats, TierKV, TierStats
+from ._engine import CheckpointResult, GetResult, LookupResult, PutResult, TenantStats, TierKV, TierStats
 
 __version__ = "0.1.0"
 

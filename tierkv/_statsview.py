@@ -48,7 +48,7 @@ async def snapshot(config: str | Path) -> dict[str, Any]:
     """
     from ._config import Config
     from ._telemetry import Telemetry
-    from ._tierkv import TierKV
+    from ._engine import TierKV
 
     cfg = await anyio.to_thread.run_sync(Config.load, config)
     quiet = {**cfg.telemetry, "enabled": False}

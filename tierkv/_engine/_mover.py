@@ -1,0 +1,408 @@
+"""Relocation: room for writes, shedding, moves, promotions, demotions, drops.
+
+Owns: the relocation claim (one relocation of a block at a time), the reservations
+made for writes (``allocate_with_room``: a writer that had to make room allocates
+right after its own shedding, under the tier's room lock), the eviction order and
+victim selection, moving a block between tiers with its durable copy following it,
+promotions, and removing a block from the index and every tier (``drop``/``forget``).
+Relocations are shielded from cancellation once they start writing.
+
+May not touch: the public API, the put/get paths' own bookkeeping.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.lowlevel
+
+from .._backend import Allocation
+from .._errors import (
+    BlockExistsError,
+    BlockNotFoundError,
+    CapacityError,
+    IntegrityError,
+)
+from .._placement import bytes_to_shed, lower_tier, select_victims
+from ._index import Entry, pbin
+from ._tags import retag, tag_exact, unpack_tag
+
+if TYPE_CHECKING:
+    from ._store import Store
+
+log = logging.getLogger("tierkv")
+
+__all__ = ["Mover"]
+
+
+class Mover:
+    """Moves blocks between tiers and out of the store (see the module docstring)."""
+
+    def __init__(self, s: Store) -> None:
+        self.s = s
+
+    async def allocate_with_room(self, ti: int, key: str, nbytes: int, tag: bytes) -> Allocation:
+        """Allocate ``nbytes`` for ``key`` on tier ``ti``, shedding its lowest-ranked blocks
+        when it is full. Writers that had to make room queue on the tier's room lock and
+        each allocates right after its own shedding, so the space made for a write goes to
+        that write; concurrent writers never fail for each other's freed space. Raises
+        CapacityError only when the tier cannot hold the block: bigger than the tier, or
+        nothing left to shed (everything pinned or being relocated)."""
+        t = self.s.tiers[ti]
+        try:
+            return await t.backend.allocate(key, nbytes, tag=tag)
+        except CapacityError:
+            if t.backend.stats().capacity_bytes < nbytes:
+                raise
+        async with t.room_lock:
+            while True:
+                try:
+                    return await t.backend.allocate(key, nbytes, tag=tag)
+                except CapacityError:
+                    if await self.shed(ti, nbytes) <= 0:
+                        raise
+
+    async def rebalance(self) -> None:
+        """Move LRU blocks down from every tier past its high watermark."""
+        async with self.s.rebalance_lock:
+            for ti in range(len(self.s.tiers)):
+                need = bytes_to_shed(self.s.loads()[ti])
+                if need > 0:
+                    await self.shed(ti, need)
+
+    async def make_room(self, ti: int, nbytes: int) -> None:
+        s = self.s.tiers[ti].backend.stats()
+        need = nbytes - (s.capacity_bytes - s.used_bytes)
+        if need > 0:
+            await self.shed(ti, need)
+
+    def eviction_order(self, ti: int) -> list[str]:
+        """Keys of tier ``ti`` in the order they should leave it (call under the lock).
+
+        LRU policy: least recently used first. Predictive policy: lowest
+        ``ln P(reuse) + t_last / tau`` first; at the bottom tier, protected
+        high-fanout prefixes go last."""
+        tier = self.s.tiers[ti]
+        backed = sorted(
+            (k for k in tier.backed if k in self.s.index.entries), key=lambda k: self.s.index.entries[k].t_last
+        )
+        if self.s.sched.policy == "lru":
+            return [*tier.lru, *backed]
+        sched = self.s.sched
+        bottom = lower_tier(self.s.loads(), ti) is None
+        # head-granular importance reported by the engine lifts the blocks that
+        # attention actually uses (weighted aggregate over heads, per position)
+        imp = sched.importance.block_scores() if sched.importance is not None else None
+        keyed = []
+        for k in tier.lru:
+            e = self.s.index.entries.get(k)
+            if e is None:
+                continue
+            prot = 1 if bottom and sched.protected(e.children) else 0
+            score = sched.priority(e.cell, e.t_last)
+            if imp is not None and e.pos < len(imp):
+                score += float(imp[e.pos])
+            keyed.append((prot, score, k))
+        keyed.sort()
+        return [k for _, _, k in keyed] + backed
+
+    async def shed(self, ti: int, need: int, *, tenant: bytes | None = None) -> int:
+        """Move (or, at the bottom, drop) enough of tier ``ti``'s lowest-ranked blocks to free
+        ``need`` bytes there (only ``tenant``'s blocks, when given: a quota); returns the
+        bytes actually freed on ``ti``.
+
+        Victims are entry objects chosen in one synchronous step: pinned blocks and blocks
+        another task is relocating are skipped, and a victim that left the index or tier
+        ``ti`` before its turn is passed over (a concurrent invalidate, evict or move).
+        The relocations are shielded: a cancelled caller never leaves half a move behind."""
+        tier = self.s.tiers[ti]
+        index = self.s.index.entries
+        sizes: dict[str, int] = {}
+        busy: list[str] = []
+        for k in (*tier.lru, *tier.backed):
+            e = index.get(k)
+            if e is None or (tenant is not None and e.tenant[:16] != tenant):
+                continue
+            sizes[k] = e.nbytes
+            if e.pins or e.moving:
+                busy.append(k)
+        chosen = select_victims(self.eviction_order(ti), sizes, need, busy)
+        victims = [index[k] for k in chosen]
+        freed = 0
+        with self.s.index.pinned(victims), anyio.CancelScope(shield=True):
+            dest = lower_tier(self.s.loads(), ti)
+            for e in victims:
+                if index.get(e.key) is not e:
+                    continue  # left the index meanwhile
+                if e.tier != ti:
+                    if e.backing == ti and await self.shed_durable_copy(e, ti, dest):
+                        freed += e.nbytes
+                    continue
+                self.prefetch_wasted(e)
+                if e.backing > ti:  # a durable copy exists below: just drop this one
+                    if await self.demote_to_backing(e):
+                        self.s.decided("demote", e, ti, e.backing, "watermark: durable copy below")
+                        freed += e.nbytes
+                    continue
+                if dest is not None:
+                    if await self.move(e, ti, dest):
+                        self.s.decided("demote", e, ti, dest, "watermark")
+                        freed += e.nbytes
+                    # else: no room below right now (or another task is writing it there):
+                    # keep the block where it is rather than lose it
+                    continue
+                if e.moving:
+                    continue
+                self.s.decided("evict", e, ti, -1, "watermark at the bottom tier")
+                await self.drop(e)
+                freed += e.nbytes
+        return freed
+
+    async def shed_durable_copy(self, e: Entry, ti: int, dest: int | None) -> bool:
+        """Move the durable copy of a block served elsewhere down to the next
+        persistent tier; with none below (or no room), drop it (the block stays
+        cached, no longer durable). True if tier ``ti`` no longer holds it."""
+        if not await self.claim(e, e.tier):
+            return False
+        try:
+            return await self.shed_durable_copy_claimed(e, ti, dest)
+        finally:
+            e.moving = False
+
+    async def shed_durable_copy_claimed(self, e: Entry, ti: int, dest: int | None) -> bool:
+        moved = False
+        if e.backing != ti:
+            return False
+        if dest is not None and self.s.tiers[dest].backend.capabilities.persistent:
+            try:
+                data, tag = await self.copy_bytes(e, ti, dest)
+                payload = await self.s.encode_for(dest, data)
+                alloc = await self.allocate_with_room(dest, e.key, payload.nbytes, tag)
+                await self.s.tiers[dest].backend.write(alloc, payload)
+                self.commit_copy_bytes(e, tag)
+                moved = True
+            except (BlockNotFoundError, IntegrityError, CapacityError, BlockExistsError):
+                moved = False
+        self.s.index.set_backing(e, dest if moved and dest is not None else -1)
+        await self.s.tiers[ti].backend.evict(e.key)
+        self.s.decided(
+            "demote" if moved else "evict", e, ti, dest if moved and dest is not None else -1, "durable copy"
+        )
+        return True
+
+    async def demote_to_backing(self, e: Entry) -> bool:
+        old = e.tier
+        if not await self.claim(e, old):
+            return False
+        try:
+            await self.retarget(e, e.backing)
+            await self.s.tiers[old].backend.evict(e.key)
+        finally:
+            e.moving = False
+        return True
+
+    async def claim(self, e: Entry, tier: int) -> bool:
+        """Claim the right to relocate ``e`` (one relocation of a block at a time).
+        False if another task is relocating it, or it is no longer indexed on ``tier``."""
+        if e.moving or self.s.index.entries.get(e.key) is not e or e.tier != tier:
+            return False
+        e.moving = True
+        return True
+
+    async def move(self, e: Entry, src: int, dst: int) -> bool:
+        """:meth:`_move_claimed` under a relocation claim; False if the block is busy."""
+        if not await self.claim(e, src):
+            return False
+        try:
+            return await self.move_claimed(e, src, dst)
+        finally:
+            e.moving = False
+
+    async def move_claimed(self, e: Entry, src: int, dst: int) -> bool:
+        """Copy a block from tier ``src`` to ``dst`` then evict it from ``src``.
+
+        The durable copy follows the block: if ``src`` held it, ``dst`` holds it
+        afterwards (when persistent). Returns False when the block could not be
+        placed on ``dst`` (no room, or another task is writing it there)."""
+        s, d = self.s.tiers[src], self.s.tiers[dst]
+        try:
+            data, tag = await self.copy_bytes(e, src, dst)
+        except (BlockNotFoundError, IntegrityError):
+            if e.tier != src or self.s.index.entries.get(e.key) is not e:
+                return True  # moved or removed by another task meanwhile
+            # the serving copy vanished or is corrupt (quarantined by the backend)
+            if e.backing >= 0 and e.backing != src:
+                await self.retarget(e, e.backing)
+            else:
+                await self.forget(e, "vanished")
+            return True
+        s.bytes_out += len(data)
+        self.s.tel.bytes_read.add(len(data), {"tier": s.name})
+        try:
+            payload = await self.s.encode_for(dst, data)
+            alloc = await self.allocate_with_room(dst, e.key, payload.nbytes, tag)
+        except BlockExistsError:
+            if not await d.backend.contains(e.key):
+                return False  # only reserved there by another task: not a copy yet
+            if e.backing != dst and not await self.s.durable.verify_copy(dst, e.key, e.nbytes, e.crc):
+                return False
+        except CapacityError:
+            return False
+        else:
+            await d.backend.write(alloc, payload)
+            d.bytes_in += e.nbytes
+            self.s.tel.bytes_written.add(e.nbytes, {"tier": d.name})
+        self.commit_copy_bytes(e, tag)
+        if self.s.index.entries.get(e.key) is not e:
+            await self.s.drop_copy(dst, e.key)  # dropped meanwhile: nothing to move any more
+            return True
+        s.unplace(e.key)
+        e.tier = dst
+        if e.backing == src or (e.backing < 0 and d.backend.capabilities.persistent):
+            self.s.index.set_backing(e, dst if d.backend.capabilities.persistent else -1)
+        d.place(e)
+        await s.backend.evict(e.key)
+        return True
+
+    async def copy_bytes(self, e: Entry, src: int, dst: int) -> tuple[memoryview, bytes]:
+        """The raw bytes of ``e`` for a new copy on ``dst``, read from ``src`` (or from its
+        exact durable copy when ``src`` stores a lossy encoding), and the tag that copy
+        carries. Exact tiers of one entry always hold the same bytes, checked against
+        ``e.crc``: when the only source is a lossy copy and ``dst`` stores raw bytes, its
+        reconstruction becomes the entry's raw bytes (new checksum, ``exact=False``, the
+        tag's inexact flag), applied by :meth:`_commit_copy_bytes` once written."""
+        if not self.s.exact_tier(src):
+            for alt in (e.tier, e.backing):
+                if alt >= 0 and alt != src and self.s.exact_tier(alt):
+                    src = alt
+                    break
+        data = await self.s.read_raw(src, e.key)
+        if self.s.exact_tier(src) or not self.s.exact_tier(dst):
+            return data, e.tag
+        return data, retag(e.tag, zlib.crc32(data), exact=False)
+
+    def commit_copy_bytes(self, e: Entry, tag: bytes) -> None:
+        """Adopt the checksum and exactness ``tag`` states for ``e``'s raw copies."""
+        if tag != e.tag:
+            parsed = unpack_tag(tag)
+            if parsed is not None:
+                e.crc = parsed[4]
+            e.exact = tag_exact(tag)
+            e.tag = tag
+
+    async def retarget(self, e: Entry, ti: int, *, claimed: bool = True) -> None:
+        """Serve ``e`` from tier ``ti`` (which holds its durable copy) from now on.
+        Callers hold the relocation claim; on a read path (``claimed=False``) a
+        block being relocated by another task is left to that task."""
+        if self.s.index.entries.get(e.key) is not e or e.tier == ti or (not claimed and e.moving):
+            return
+        self.s.tiers[e.tier].unplace(e.key)
+        if ti >= 0:
+            self.s.tiers[ti].unback(e.key)
+        e.tier = ti
+        self.s.tiers[ti].place(e)
+
+    async def drop(self, e: Entry) -> None:
+        """Remove a block from the index and from every tier holding a copy."""
+        await self.forget(e, None)
+        with anyio.CancelScope(shield=True):
+            await self.s.tiers[e.tier].backend.evict(e.key)
+            if e.backing >= 0 and e.backing != e.tier:
+                await self.s.tiers[e.backing].backend.evict(e.key)
+            for ti, keys in self.s.retained.items():
+                if e.key in keys:
+                    keys.discard(e.key)
+                    await self.s.drop_copy(ti, e.key)
+
+    def prefetch_wasted(self, e: Entry) -> None:
+        """A prefetched block that leaves its tier before any hit was wasted."""
+        if e.key in self.s.prefetched:
+            self.s.prefetched.discard(e.key)
+            self.s.prefetch_stats["wasted"] += 1
+            self.s.tel.prefetch.add(1, {"outcome": "wasted"})
+
+    async def forget(self, e: Entry, reason: str | None) -> None:
+        """Remove ``e`` from the index (its copies are the caller's business)."""
+        if self.s.index.entries.get(e.key) is e:
+            del self.s.index.entries[e.key]
+            parent = self.s.index.entries.get(e.parent.hex()) if e.pos else None
+            if parent is not None and parent.children > 0:
+                parent.children -= 1
+            if e.pos == 0:
+                self.s.index.unroot(e)
+            self.s.tiers[e.tier].unplace(e.key)
+            if e.backing >= 0:
+                self.s.tiers[e.backing].unback(e.key)
+        self.prefetch_wasted(e)
+        if e.count and self.s.tel.enabled and self.s.sched.now() - e.t_last <= self.s.sched.predictor.horizon:
+            pass  # outcome still open: it may yet be reused elsewhere; not counted
+        elif e.count and self.s.tel.enabled:
+            self.s.tel.calibration.add(1, {"bin": pbin(e.p_pred), "outcome": "not_reused"})
+        if reason:
+            self.s.tel.evictions.add(1, {"tier": self.s.tiers[e.tier].name, "reason": reason})
+
+    async def promote_if_room(self, e: Entry, dst: int, reason: str) -> bool:
+        if self.s.index.entries.get(e.key) is not e or e.tier <= dst:
+            return False
+        with self.s.index.pinned([e]):
+            src = e.tier
+            await self.make_room(dst, e.nbytes)
+            ok = await self.promote(e, dst)
+            if ok:
+                self.s.decided("promote", e, src, dst, reason)
+                if reason == "prefetch":
+                    self.s.prefetched.add(e.key)
+                    self.s.prefetch_stats["issued"] += 1
+            return ok
+
+    def warm_target(self, nbytes: int, below: int) -> int | None:
+        loads = self.s.loads()
+        for ti in range(below):
+            t = loads[ti]
+            if t.healthy and t.used + nbytes <= t.high_watermark * t.capacity:
+                return ti
+        return None
+
+    async def promote(self, e: Entry, dst: int) -> bool:
+        """:meth:`_promote_claimed` under a relocation claim; False if the block is busy."""
+        src = e.tier
+        if not await self.claim(e, src):
+            return False
+        try:
+            return await self.promote_claimed(e, dst)
+        finally:
+            e.moving = False
+
+    async def promote_claimed(self, e: Entry, dst: int) -> bool:
+        """Copy a block up to tier ``dst``; a persistent source stays as the
+        durable copy, a volatile one is evicted. False if it did not fit."""
+        src = e.tier
+        dst_backend = self.s.tiers[dst].backend
+        with anyio.CancelScope(shield=True):
+            try:
+                data, tag = await self.copy_bytes(e, src, dst)
+                payload = await self.s.encode_for(dst, data)
+                alloc = await self.allocate_with_room(dst, e.key, payload.nbytes, tag)
+            except (BlockNotFoundError, CapacityError, BlockExistsError, IntegrityError):
+                return False
+            await dst_backend.write(alloc, payload)
+            self.s.tiers[dst].bytes_in += e.nbytes
+            self.s.tiers[src].bytes_out += e.nbytes
+            self.s.tel.bytes_written.add(e.nbytes, {"tier": self.s.tiers[dst].name})
+            self.s.tel.bytes_read.add(e.nbytes, {"tier": self.s.tiers[src].name})
+            if self.s.index.entries.get(e.key) is not e or e.tier != src:
+                await self.s.drop_copy(dst, e.key)
+                return False
+            self.commit_copy_bytes(e, tag)
+            self.s.tiers[src].unplace(e.key)
+            e.tier = dst
+            self.s.tiers[dst].place(e)
+            self.s.tiers[dst].promotions += 1
+            if e.backing == src:
+                self.s.tiers[src].back(e)  # stays as the durable copy
+            else:
+                await self.s.tiers[src].backend.evict(e.key)
+        return True

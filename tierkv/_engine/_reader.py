@@ -1,0 +1,399 @@
+"""The read path of ``get``: admission, batched reads, verification, assembly.
+
+Owns: adopting blocks another process committed on a shared tier, admission control
+(``max_concurrent_fetches``), the fetch-vs-recompute gate's verdict, reading every
+block of a prefix batched per tier with fall-back to a durable copy, checksum
+verification (exact tiers against the raw CRC, lossy tiers by their codec), assembly
+into the caller's buffer, miss reasons, and feeding the predictor with the access.
+
+May not touch: placement (it only queues promotions through the service).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
+import numpy as np
+
+from .._backend import SupportsTagLookup
+from .._errors import (
+    BackendError,
+    BlockNotFoundError,
+    IntegrityError,
+    KVLayoutError,
+    LoadFailedError,
+)
+from .._layout import as_numpy_kv, block_slice
+from ._index import Entry, pbin
+from ._results import GetResult
+from ._service import Promote
+from ._tags import ZERO32, unpack_tag
+
+if TYPE_CHECKING:
+    from ._store import Store
+
+log = logging.getLogger("tierkv")
+
+__all__ = ["Reader"]
+
+
+class Reader:
+    """Reads prefixes for ``get`` (see the module docstring)."""
+
+    def __init__(self, s: Store) -> None:
+        self.s = s
+
+    async def drop_forged(self, keys: list[bytes], found: int, reason: str) -> None:
+        """After a walk that ended on an entry whose tag is not of its chain: remove it."""
+        if reason == "integrity" and found < len(keys):
+            e = self.s.index.entries.get(keys[found].hex())
+            if e is not None:
+                self.s.tel.decision(
+                    "forged_tag", {"tierkv.block": e.key[:16], "tierkv.tier": self.s.tiers[e.tier].name}
+                )
+                await self.s.mover.drop(e)
+
+    async def adopt_shared(self, keys: list[bytes], start: int, tid: bytes) -> int:
+        """Adopt blocks ``keys[start:]`` that another process committed on a shared
+        tier (``capabilities.shared`` and :class:`SupportsTagLookup`), in chain
+        order, stopping at the first key no such tier holds. A tag is adopted
+        only if it is ours and names this model scope, tenant, position and
+        parent; its CRC is verified by ``get`` as for any block. A tier error
+        feeds that tier's breaker and ends the walk. Returns how many blocks
+        were adopted."""
+        shared = [
+            (ti, t)
+            for ti, t in enumerate(self.s.tiers)
+            if t.healthy and t.backend.capabilities.shared and isinstance(t.backend, SupportsTagLookup)
+        ]
+        adopted = 0
+        for i in range(start, len(keys) if shared else start):
+            key = keys[i].hex()
+            if key in self.s.index.entries:
+                break
+            hit: tuple[int, bytes] | None = None
+            for ti, t in shared:
+                backend = t.backend
+                assert isinstance(backend, SupportsTagLookup)
+                try:
+                    tag = await backend.tag_of(key)
+                except BackendError as exc:
+                    self.s.tier_failed(ti, exc)
+                    return adopted
+                parsed = unpack_tag(tag) if tag is not None else None
+                if tag is not None and parsed is not None:
+                    ms, tenant, parent, pos, _crc, _nbytes, _root = parsed
+                    if (ms, tenant, parent, pos) == (
+                        self.s.model_scope[:16],
+                        tid[:16],
+                        keys[i - 1] if i else ZERO32,
+                        i,
+                    ):
+                        hit = (ti, tag)
+                        break
+            if hit is None:
+                break
+            ti, tag = hit
+            ms, tenant, parent, pos, crc, nbytes, root = unpack_tag(tag) or (b"", b"", b"", 0, 0, 0, b"")
+            if key not in self.s.index.entries:
+                adopted_e = Entry(key, ti, nbytes, tag, ms, tenant, parent, pos, crc)
+                self.s.index.adopt(adopted_e, root)
+                self.s.tiers[ti].place(adopted_e)
+            adopted += 1
+        return adopted
+
+    async def admitted_fetch(
+        self, entries: list[Entry], wanted: int, out: Any, arr: np.ndarray[Any, Any], reason: str, tid: bytes
+    ) -> GetResult:
+        """Admission control: at most ``max_concurrent_fetches`` reads at once; with
+        ``fetch_wait_s`` a request that cannot start within that budget is
+        answered at once as a miss (``overloaded``: the engine recomputes), so
+        latency stays bounded during a miss storm."""
+        wait = self.s.sched.fetch_wait_s
+        if wait is None or not entries:
+            async with self.s.fetch_limiter:
+                return await self.fetch(entries, wanted, out, arr, reason, tid)
+        acquired = False
+        with anyio.move_on_after(wait):
+            await self.s.fetch_limiter.acquire()
+            acquired = True
+        if not acquired:
+            return GetResult(0, None, (), "overloaded")
+        try:
+            return await self.fetch(entries, wanted, out, arr, reason, tid)
+        finally:
+            self.s.fetch_limiter.release()
+
+    def after_get(
+        self, r: GetResult, entries: list[Entry], tid: bytes, span: Any, tokens: int, operator_reason: str
+    ) -> None:
+        """Account one get. ``misses_by_reason`` and the ``tierkv.misses`` metric are the
+        operator's: they carry the operator's view of the reason (``operator_reason``, which
+        may know of another tenant's blocks); the result and the span carry the caller's."""
+        tel = self.s.tel
+        tenant = tid.hex()
+        if r.miss_reason:
+            self.s.misses_by_reason[operator_reason] = self.s.misses_by_reason.get(operator_reason, 0) + 1
+            tel.misses.add(1, {"reason": operator_reason, "tenant": tenant})
+        if r.tokens:
+            tel.tokens_saved += r.tokens
+            tel.saved_tokens.add(r.tokens, {"tenant": tenant})
+            tel.tenant_tokens.add(r.tokens, {"tenant": tenant, "op": "hit"})
+        served = entries[: r.tokens // self.s.block_tokens]
+        for e in served:
+            if e.key in self.s.prefetched:
+                self.s.prefetched.discard(e.key)
+                self.s.prefetch_stats["useful"] += 1
+                tel.prefetch.add(1, {"outcome": "useful"})
+        if span is not None and span.is_recording():
+            span.set_attributes(
+                {
+                    "tierkv.tokens": tokens,
+                    "tierkv.hit_tokens": r.tokens,
+                    "tierkv.tiers_hit": list(r.tiers),
+                    "tierkv.bytes": sum(e.nbytes for e in served),
+                    "tierkv.codec": sorted({self.s.codec_name(e.tier) for e in served}),
+                    "tierkv.exact": r.exact,
+                    "tierkv.tenant": tenant,
+                    "tierkv.miss_reason": r.miss_reason,
+                }
+            )
+        # promotions of blocks served from slower tiers (background, never blocking this call)
+        if self.s.service.running:
+            healthy = [t.healthy for t in self.s.tiers]
+            for e in served:
+                if e.tier > 0:
+                    dst = self.s.sched.promotion_target(e.cell, self.s.block_tokens, e.nbytes, e.tier, healthy, e.count)
+                    if dst is not None:
+                        self.s.service.submit(Promote(e.key, dst))
+
+    def record_access(self, entries: list[Entry], prompt_blocks: int, leading_seen: int) -> None:
+        """Feed the predictor with one request's blocks (call under the index lock).
+
+        Blocks are touched leaf first with increasing timestamps so that a
+        parent always ranks at least as high as its descendants."""
+        sched = self.s.sched
+        now = sched.now()
+        pred = sched.predictor
+        n = len(entries)
+        tel = self.s.tel
+        for i in range(n - 1, -1, -1):
+            e = entries[i]
+            if e.count and tel.enabled:  # resolve the previous prediction: reused within the horizon?
+                reused = now - e.t_last <= pred.horizon
+                tel.calibration.add(1, {"bin": pbin(e.p_pred), "outcome": "reused" if reused else "not_reused"})
+            e.count += 1
+            e.t_last = now + (n - i) * 1e-6
+            e.cell = sched.cell(
+                label=e.label,
+                position=e.pos,
+                prompt_blocks=prompt_blocks,
+                leading_seen=leading_seen,
+                count=e.count - 1,
+                fanout=e.children,
+            )
+            e.p_pred = sched.p_reuse(e.cell)
+            pred.observe(now, e.bid, e.cell)
+            sched.observe_ranked(e.bid, e.cell, now)
+            self.s.index.touch(e)
+        pred.advance(now)
+        sched.end_request(now)
+
+    async def read_blocks(self, entries: list[Entry], served: list[int]) -> list[memoryview | BaseException]:
+        """Read every entry's bytes, batched per tier; a failure is returned in
+        place. ``served[i]`` is set to the tier entry ``i`` was read from."""
+        results: list[memoryview | BaseException] = [BlockNotFoundError("unread")] * len(entries)
+        by_tier: dict[int, list[int]] = {}
+        for i, e in enumerate(entries):
+            ti = e.tier if self.s.tiers[e.tier].healthy or e.backing < 0 else e.backing
+            served[i] = ti
+            by_tier.setdefault(ti, []).append(i)
+        for ti, idxs in by_tier.items():
+            await self.read_tier(ti, idxs, entries, results)
+        for i, r in enumerate(results):
+            e = entries[i]
+            if isinstance(r, BlockNotFoundError) and e.tier != served[i]:
+                # moved by a concurrent promotion/demotion while we read: read where it is now
+                try:
+                    results[i] = await self.s.read_raw(e.tier, e.key)
+                    served[i] = e.tier
+                    continue
+                except BackendError as exc:
+                    results[i] = r = exc
+            # serve from the durable copy when the fast copy failed
+            if isinstance(r, BaseException) and e.backing >= 0 and e.backing != e.tier:
+                try:
+                    results[i] = await self.s.read_raw(e.backing, e.key)
+                except BackendError:
+                    continue
+                served[i] = e.backing
+                await self.s.mover.retarget(e, e.backing, claimed=False)
+        return results
+
+    async def read_tier(
+        self, ti: int, idxs: list[int], entries: list[Entry], results: list[memoryview | BaseException]
+    ) -> None:
+        """Batch-read the entries ``idxs`` from tier ``ti`` into ``results``;
+        feeds the tier's bandwidth estimator and circuit breaker."""
+        tier = self.s.tiers[ti]
+        backend = tier.backend
+        t0 = time.perf_counter()
+        try:
+            views = await backend.read_many([entries[i].key for i in idxs])
+            if tier.codec is not None:
+                views = [await self.s.decoded(ti, entries[i].key, v) for i, v in zip(idxs, views, strict=True)]
+        except BackendError as batch_exc:
+            pending: BackendError | None = batch_exc if isinstance(batch_exc, IntegrityError) else None
+            for i in idxs:  # find which block failed
+                try:
+                    results[i] = await self.s.read_raw(ti, entries[i].key)
+                    tier.breaker.record_success()
+                except BlockNotFoundError as exc:
+                    # blocks the batch found corrupt are quarantined, so they now read as missing:
+                    # after a batch IntegrityError every such block counts as corrupt
+                    results[i] = pending or exc
+                except IntegrityError as exc:
+                    results[i] = exc
+                except BackendError as exc:
+                    results[i] = exc
+                    self.s.tier_failed(ti, exc)
+            return
+        tier.breaker.record_success()
+        nbytes = 0
+        for i, v in zip(idxs, views, strict=True):
+            results[i] = v
+            nbytes += len(v)
+        self.s.sched.estimators[ti].observe(nbytes, time.perf_counter() - t0)
+
+    async def fetch(
+        self, entries: list[Entry], wanted: int, out: Any, arr: np.ndarray[Any, Any], reason: str, tid: bytes
+    ) -> GetResult:
+        bt = self.s.block_tokens
+        n = len(entries)
+        miss_reason = "" if n == wanted else self.s.index.miss_reason(arr, n, reason, tid)[0]
+        if n == 0:
+            if wanted:
+                self.s.tiers[-1].misses += 1
+            return GetResult(0, None, (), miss_reason)
+        by_tier: dict[int, int] = {}
+        for e in entries:
+            by_tier[e.tier] = by_tier.get(e.tier, 0) + e.nbytes
+        decision = self.s.sched.gate(n * bt, by_tier)
+        if decision is not None:
+            self.s.tel.gate.add(1, {"decision": "fetch" if decision.fetch else "recompute"})
+            with self.s.tel.span(
+                "tierkv.gate",
+                {
+                    "tierkv.fetch_s": decision.fetch_s,
+                    "tierkv.recompute_s": decision.recompute_s,
+                    "tierkv.decision": "fetch" if decision.fetch else "recompute",
+                    "tierkv.reason": decision.reason,
+                    "tierkv.tokens": n * bt,
+                },
+            ):
+                pass
+            if not decision.fetch:
+                return GetResult(0, None, (), "gated", decision.fetch_s, decision.recompute_s)
+        target = self.out_view(out, n * bt)
+        served = [e.tier for e in entries]
+        datas = await self.read_blocks(entries, served)
+
+        def assemble() -> int:
+            for i, (e, d) in enumerate(zip(entries, datas, strict=True)):
+                if isinstance(d, BaseException):
+                    return i
+                if len(d) != e.nbytes or (self.s.exact_tier(served[i]) and zlib.crc32(d) != e.crc):
+                    datas[i] = IntegrityError(
+                        f"block {e.key[:16]} failed its CRC check", tier=self.s.tiers[e.tier].name
+                    )
+                    return i
+                blk = np.frombuffer(d, dtype=self.s.dtype).reshape(self.s.block_shape)
+                target[block_slice(self.s.spec, i * bt, (i + 1) * bt)] = blk
+            return len(entries)
+
+        good = await anyio.to_thread.run_sync(assemble)
+        per_tier: dict[int, list[int]] = {}
+        for i in range(good):
+            e, tier = entries[i], self.s.tiers[served[i]]
+            tier.hits += 1
+            tier.bytes_out += e.nbytes
+            acc = per_tier.setdefault(served[i], [0, 0])
+            acc[0] += 1
+            acc[1] += e.nbytes
+        for ti, (blocks, nbytes) in per_tier.items():  # one observation per tier per request
+            self.s.tel.hits.add(blocks, {"tier": self.s.tiers[ti].name})
+            self.s.tel.bytes_read.add(nbytes, {"tier": self.s.tiers[ti].name})
+        if good < n:
+            e, err = entries[good], datas[good]
+            tier = self.s.tiers[e.tier]
+            tier.misses += 1
+            if isinstance(err, BlockNotFoundError) and (
+                e.tier != served[good] or self.s.index.entries.get(e.key) is not e
+            ):
+                miss_reason = "evicted_local"  # moved or dropped by another task during this read
+            elif isinstance(err, (BlockNotFoundError, IntegrityError)):
+                if isinstance(err, IntegrityError):
+                    miss_reason = "integrity"
+                else:
+                    miss_reason = "evicted_remote" if tier.backend.capabilities.shared else "evicted_local"
+                await self.discard_failed_copy(e)
+            else:
+                if self.s.config.load_failure == "fail":
+                    raise LoadFailedError(f"reading block {good} from tier {tier.name!r} failed: {err}") from (
+                        err if isinstance(err, BaseException) else None
+                    )
+                miss_reason = "tier_unhealthy" if not tier.healthy else "tier_error"
+        # blocks after the first failure that the tier found corrupt (a batch read quarantines
+        # every corrupt block it meets) leave the index too, else they would stay indexed on a
+        # tier that no longer has them and a later put would skip them as existing. A missing
+        # block there is left alone: it may be a transient race, settled when it is read first.
+        for i in range(good + 1, n):
+            e_i, err_i = entries[i], datas[i]
+            if isinstance(err_i, IntegrityError) and e_i.tier == served[i] and self.s.index.entries.get(e_i.key) is e_i:
+                await self.discard_failed_copy(e_i)
+        if good == 0:
+            return GetResult(0, None, (), miss_reason)
+        used = set(served[:good])
+        tiers = tuple(t.name for i, t in enumerate(self.s.tiers) if i in used)
+        exact = all(e.exact and self.s.exact_tier(ti) for e, ti in zip(entries[:good], served[:good], strict=True))
+        if out is not None:
+            return GetResult(good * bt, out, tiers, miss_reason, exact=exact)
+        result = target if good == n else np.ascontiguousarray(target[block_slice(self.s.spec, 0, good * bt)])
+        return GetResult(good * bt, result, tiers, miss_reason, exact=exact)
+
+    async def discard_failed_copy(self, e: Entry) -> None:
+        """A read found the serving copy of ``e`` missing or corrupt: evict it; the durable
+        copy (if on another tier) serves the next request, else ``e`` leaves the index."""
+        await self.drop_quietly(e)
+        if e.backing >= 0 and e.backing != e.tier:
+            await self.s.mover.retarget(e, e.backing, claimed=False)
+        else:
+            await self.s.mover.forget(e, None)
+
+    async def drop_quietly(self, e: Entry) -> None:
+        try:
+            await self.s.tiers[e.tier].backend.evict(e.key)
+        except BackendError:
+            pass
+
+    def out_view(self, out: Any, tokens: int) -> np.ndarray[Any, Any]:
+        if out is None:
+            return np.empty(self.s.spec.kv_shape(tokens), dtype=self.s.dtype)
+        if not isinstance(out, np.ndarray) and not type(out).__module__.startswith("torch"):
+            raise KVLayoutError("out type", "a numpy array or a CPU torch tensor", type(out).__name__)
+        shape = tuple(out.shape)
+        expected = self.s.spec.kv_shape(tokens)
+        ax = 1 if self.s.spec.attention == "mla" else 2
+        if len(shape) != len(expected) or any(
+            (s != x) if j != ax else (s < x) for j, (s, x) in enumerate(zip(shape, expected, strict=True))
+        ):
+            raise KVLayoutError("out shape", f"{expected} (or more tokens on axis {ax})", shape)
+        probe = as_numpy_kv(out, self.s.spec, self.s.config.kv_dtype, shape[ax])
+        if not probe.flags.writeable:
+            raise KVLayoutError("out", "a writable buffer", "read-only")
+        return probe

@@ -1,0 +1,662 @@
+"""The public entry point: :class:`TierKV`, a thin front over the engine's collaborators.
+
+Blocks and prefixes
+-------------------
+``put(tokens, kv)`` cuts the token sequence into blocks of ``block_tokens``
+tokens. Each *whole* block is stored under a chained key (see
+:mod:`tierkv._keys`), so a key names the whole prefix up to the end of its
+block. A trailing partial block is **not stored**: ``put`` reports how many
+tokens it covered (a multiple of ``block_tokens``) and the caller keeps or
+recomputes the tail. ``lookup``/``get`` return the longest stored prefix,
+always a multiple of ``block_tokens``.
+
+Concurrency and cancellation
+----------------------------
+All methods are coroutines safe to call from many tasks at once, under
+asyncio or trio. Index updates are synchronous sections (no await inside), so
+they are atomic on the event loop and cannot be cancelled half-way; I/O happens
+outside them. A cancelled ``put`` leaves every block either fully stored and
+indexed or absent; a cancelled ``get`` changes nothing. Blocks being read are
+pinned so that rebalancing never removes them mid-read.
+
+Integrity
+---------
+Every block carries a CRC-32 of its raw bytes in its tag; ``get`` verifies the
+copies on exact tiers against it and lossy copies by their codec block's own
+checksum, and treats a mismatch as a miss (the copy is removed), never returning
+wrong bytes.
+
+Where things live (``tierkv/_engine/``): the index and pins (``_index``), the
+block tag (``_tags``), relocation (``_mover``), writes and durability
+(``_durable``), the read path (``_reader``), quotas (``_quotas``), the scheduler
+service (``_service``), checkpoints (``_checkpoint``), speculative staging
+(``_staging``), their shared state (``_store``). See docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import numpy as np
+from anyio.abc import TaskGroup, TaskStatus
+
+from .._backend import Backend, BackendStats, OpenContext, TierKind
+from .._config import Config
+from .._errors import InputError, TierKVError, TierUnavailableError
+from .._keys import Scope, tenant_salt, to_token_array
+from .._layout import STORAGE_DTYPES, as_numpy_kv, block_slice
+from .._options import config_path
+from .._registry import load_backend_class
+from .._telemetry import Telemetry
+from ..scheduler import PrefetchWindow
+from ._results import CheckpointResult, GetResult, LookupResult, PutResult, TenantStats, TierStats
+from ._service import Promote, Rebalance, Reserve
+from ._store import Store
+from ._tags import ZERO32, pack_tag, root_of
+
+__all__ = ["TierKV"]
+
+
+class TierKV:
+    """An async KV-cache store over an ordered hierarchy of tiers.
+
+    Open with ``kv = await TierKV.open(config)`` and close with
+    ``await kv.aclose()`` (or ``async with await TierKV.open(config) as kv``).
+    ``__init__`` does no I/O; use :meth:`open`.
+    """
+
+    def __init__(
+        self, config: Config, tiers: Sequence[tuple[str, Backend]], *, telemetry: Telemetry | None = None
+    ) -> None:
+        self.config = config
+        self._s = Store(config, tiers, telemetry if telemetry is not None else Telemetry(config.telemetry))
+        self._service_tg: TaskGroup | None = None
+        # the engine's state, named for tests and debugging
+        self._tiers = self._s.tiers
+        self._index = self._s.index.entries
+        self._sched = self._s.sched
+
+    @property
+    def prefetch_stats(self) -> dict[str, int]:
+        """Prefetched blocks issued, later hit (``useful``) and dropped unused (``wasted``)."""
+        return self._s.prefetch_stats
+
+    @property
+    def misses_by_reason(self) -> dict[str, int]:
+        """Misses counted by reason, in the operator's view (see :meth:`get`)."""
+        return self._s.misses_by_reason
+
+    @property
+    def restored_blocks(self) -> int:
+        """Blocks copied up from the checkpoint named by ``open(restore=...)``."""
+        return self._s.restored_blocks
+
+    @property
+    def failed_jobs(self) -> int:
+        """Background jobs that failed (logged, traced; the service went on)."""
+        return self._s.failed_jobs
+
+    # ----------------------------------------------------------------- lifecycle
+    @classmethod
+    async def open(
+        cls,
+        config: Config | Mapping[str, Any] | str | Path,
+        *,
+        restore: str | None = None,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+    ) -> TierKV:
+        """Validate ``config``, open every tier, and rebuild the index from
+        persistent tiers (warm start). With ``restore``, the blocks of that
+        checkpoint are also copied up into the fast tiers, hottest first, up to
+        their high watermark (``kv.restored_blocks`` says how many).
+
+        Raises ConfigError, PluginError (backend missing, broken or unusable
+        here) and BackendError (a tier failed to open). On failure every tier
+        already opened is closed again.
+        """
+        if isinstance(config, (str, Path)):
+            cfg = await anyio.to_thread.run_sync(Config.load, config)
+        else:
+            cfg = Config.load(config)
+        opened: list[tuple[str, Backend]] = []
+        try:
+            raw_block = (
+                int(np.prod(cfg.model.kv_shape(cfg.effective_block_tokens))) * STORAGE_DTYPES[cfg.kv_dtype].itemsize
+            )
+            for i, t in enumerate(cfg.tiers):
+                backend_cls = load_backend_class(t.backend)
+                # a codec's block adds its header and may not compress: bound it generously
+                bound = raw_block if t.codec is None else raw_block + raw_block // 64 + 4096
+                ctx = OpenContext(block_nbytes=bound)
+                with config_path(f"tiers[{i}]"):  # a backend's option errors name tiers[i].field
+                    opened.append((t.name, await backend_cls.open(t.options, name=t.name, context=ctx)))
+            telemetry = Telemetry(cfg.telemetry, tracer_provider=tracer_provider, meter_provider=meter_provider)
+            kv = cls(cfg, opened, telemetry=telemetry)
+            await kv._s.durable.recover()
+            if restore is not None:
+                kv._s.restored_blocks = await kv._s.ckpt.restore(restore)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                for _, b in opened:
+                    try:
+                        await b.aclose()
+                    except TierKVError:
+                        pass
+            raise
+        return kv
+
+    async def aclose(self) -> None:
+        """Close every tier (persistent tiers keep their blocks); idempotent."""
+        if self._s.closed:
+            return
+        self._s.closed = True
+        self._s.tel.close()  # the meter's gauges must not keep this store alive
+        with anyio.CancelScope(shield=True):
+            errors: list[BaseException] = []
+            for t in self._s.tiers:
+                try:
+                    await t.backend.aclose()
+                except TierKVError as exc:
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
+
+    async def __aenter__(self) -> TierKV:
+        """Start the scheduler service in a task group owned by this block."""
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        try:
+            await tg.start(self.run_scheduler)
+        except BaseException:
+            tg.cancel_scope.cancel()
+            await tg.__aexit__(None, None, None)
+            raise
+        self._service_tg = tg
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        tg, self._service_tg = self._service_tg, None
+        try:
+            if tg is not None:
+                tg.cancel_scope.cancel()
+                await tg.__aexit__(None, None, None)
+        finally:
+            await self.aclose()
+
+    @property
+    def block_tokens(self) -> int:
+        return self._s.block_tokens
+
+    @property
+    def tier_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self._s.tiers)
+
+    def scope(self, tenant: str | None = None) -> Scope:
+        """The key scope for ``tenant`` (for inspection and tests)."""
+        return self._s.config.scope(tenant_salt(tenant))
+
+    async def put(
+        self,
+        tokens: object,
+        kv_data: object,
+        *,
+        block_type: str | None = None,
+        tenant: str | None = None,
+        durable: bool = False,
+    ) -> PutResult:
+        """Store the KV of ``tokens`` in whole blocks (see the module docstring).
+
+        ``kv_data`` has the layout of :mod:`tierkv._layout` covering exactly
+        ``len(tokens)`` tokens. Blocks already stored are not written again.
+
+        ``durable=True``: when ``put`` returns, every whole block of the prefix
+        is committed on a persistent tier (written through to the fastest
+        healthy persistent tier when it was placed on a volatile one) and
+        survives a crash of this process. This is what "acknowledged as
+        durable" means; without it a block may live only in volatile memory.
+
+        Cancellation: the block being written when the cancel arrives is
+        finished and indexed (a bounded delay), then ``put`` stops; every block
+        is either fully stored and indexed or absent.
+
+        Raises:
+            TokensError, KVLayoutError, InputError: bad arguments (nothing stored).
+            CapacityError: no tier had room for a block (blocks stored before it stay).
+            TierUnavailableError: ``durable=True`` and no healthy persistent tier.
+            BackendError: a tier failed.
+            ClosedError.
+        """
+        self._s.check_open()
+        arr_tokens, keys, tid = self._s.keys(tokens, tenant)
+        kv = as_numpy_kv(kv_data, self._s.spec, self._s.config.kv_dtype, len(arr_tokens))
+        if block_type is not None and not isinstance(block_type, str):
+            raise InputError(f"block_type: expected a string or None, got {type(block_type).__name__}")
+        if durable and self._s.persistent_tier() is None:
+            raise TierUnavailableError("put(durable=True) needs a healthy persistent tier (e.g. nvme or pfs)")
+        bt = self._s.block_tokens
+        tail = len(arr_tokens) - len(keys) * bt
+        todo: list[int] = []
+        existing = 0
+        for i, k in enumerate(keys):
+            e = self._s.index.entries.get(k.hex())
+            if e is None or (durable and e.backing < 0):
+                todo.append(i)
+            if e is not None:
+                existing += 1
+                self._s.index.touch(e)
+        tiers_used: list[str] = []
+        stored = 0
+
+        def prepare() -> list[tuple[int, memoryview, int]]:
+            out = []
+            for i in todo:
+                blk = np.ascontiguousarray(kv[block_slice(self._s.spec, i * bt, (i + 1) * bt)])
+                data = blk.reshape(-1).view(np.uint8).data
+                out.append((i, data, zlib.crc32(data)))
+            return out
+
+        label = self._s.sched.block_type_index(block_type)
+        root = root_of(arr_tokens, bt) if keys else b""
+        span_cm = self._s.tel.timed("put")
+        span = span_cm.__enter__()
+        try:
+            prepared = await anyio.to_thread.run_sync(prepare) if todo else []
+            for i, data, crc in prepared:
+                parent = keys[i - 1] if i else ZERO32
+                tag = pack_tag(self._s.model_scope, tid, parent, i, crc, data.nbytes, root)
+                key = keys[i].hex()
+                with anyio.CancelScope(shield=True):
+                    placed = await self._s.durable.store_block(
+                        key, data, tag, i, tid, parent, crc, durable, root, label
+                    )
+                if placed is None:
+                    # another task is storing this block right now: wait until it is indexed (and
+                    # durable, if asked), so that on return every block of the prefix is stored
+                    store = functools.partial(
+                        self._s.durable.store_block, key, data, tag, i, tid, parent, crc, durable, root, label
+                    )
+                    await self._s.durable.await_concurrent_store(key, store, data, tag, durable)
+                    continue
+                if placed:
+                    stored += 1
+                    placed_e = self._s.index.entries.get(key)
+                    if placed_e is not None and self._s.tiers[placed_e.tier].name not in tiers_used:
+                        tiers_used.append(self._s.tiers[placed_e.tier].name)
+                await anyio.lowlevel.checkpoint_if_cancelled()
+            entries = [e for e in (self._s.index.entries.get(k.hex()) for k in keys) if e is not None]
+            self._s.reader.record_access(entries, len(keys), existing)
+            if block_type == "tool_context" and self._s.sched.tool is not None:
+                self._s.tool_blocks[self._s.sched.tool] = [k.hex() for k in keys]
+                self._s.sched.chain.observe_size(self._s.sched.tool, sum(e.nbytes for e in entries))
+            self._s.sched.transition = None  # a hint applies to the next request only
+            self._s.tel.tenant_tokens.add(len(keys) * bt, {"tenant": tid.hex(), "op": "put"})
+            if span is not None and span.is_recording():
+                span.set_attributes(
+                    {
+                        "tierkv.tokens": len(arr_tokens),
+                        "tierkv.stored_tokens": len(keys) * bt,
+                        "tierkv.new_blocks": stored,
+                        "tierkv.bytes": sum(d.nbytes for _, d, _ in prepared),
+                        "tierkv.tiers": tiers_used,
+                        "tierkv.codec": sorted(
+                            {self._s.codec_name(i) for i, t in enumerate(self._s.tiers) if t.name in tiers_used}
+                        ),
+                        "tierkv.tenant": tid.hex(),
+                        "tierkv.durable": durable,
+                    }
+                )
+        except BaseException as exc:
+            span_cm.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        span_cm.__exit__(None, None, None)
+        if self._s.service.running:
+            self._s.service.submit(Rebalance())
+        else:
+            await self._s.mover.rebalance()
+        return PutResult(
+            tokens=len(keys) * bt,
+            new_blocks=stored,
+            existing_blocks=existing,
+            tail_tokens=tail,
+            tiers=tuple(tiers_used),
+        )
+
+    async def lookup(self, tokens: object, *, tenant: str | None = None) -> LookupResult:
+        """How many leading tokens are stored, and in which tiers (no data moved).
+
+        Raises TokensError, InputError, ClosedError.
+        """
+        self._s.check_open()
+        arr, keys, tid = self._s.keys(tokens, tenant)
+        with self._s.tel.timed("lookup") as span:
+            entries, reason = self._s.index.walk(keys, tid)
+            if reason == "never_stored" and await self._s.reader.adopt_shared(keys, len(entries), tid):
+                entries, reason = self._s.index.walk(keys, tid)
+            await self._s.reader.drop_forged(keys, len(entries), reason)
+            block_tiers = [self._s.serving_tier(e).name for e in entries]
+            tiers = tuple(t.name for t in self._s.tiers if t.name in block_tiers)
+            hit = len(entries) * self._s.block_tokens
+            if span is not None and span.is_recording():
+                span.set_attributes(
+                    {
+                        "tierkv.tokens": len(arr),
+                        "tierkv.hit_tokens": hit,
+                        "tierkv.tiers_hit": list(tiers),
+                        "tierkv.tenant": tid.hex(),
+                        "tierkv.miss_reason": self._s.index.miss_reason(arr, len(entries), reason, tid)[0]
+                        if len(entries) < len(keys)
+                        else "",
+                    }
+                )
+        return LookupResult(hit, len(entries), tiers, tuple(block_tiers))
+
+    async def get(self, tokens: object, *, out: Any = None, tenant: str | None = None) -> GetResult:
+        """Return the KV of the longest stored prefix of ``tokens``, bit-identical
+        to what was put.
+
+        With ``out`` (a numpy array or CPU torch tensor of the layout for at
+        least the returned prefix, of the configured dtype) the prefix is
+        written into ``out[..., :tokens, ...]`` and ``out`` is returned as
+        ``kv``. A block that fails verification, vanished from its tier, or
+        sits on an unhealthy tier ends the prefix there (a miss, never wrong
+        bytes); ``miss_reason`` says why. With a prefill rate configured, the
+        fetch-vs-recompute gate may answer a miss (``"gated"``) when reading
+        would be slower than recomputing.
+
+        Concurrent reads are bounded by ``scheduler.max_concurrent_fetches``
+        (admission control); a hit in a slower tier may schedule a promotion
+        in the background.
+
+        Raises TokensError, KVLayoutError (bad ``out``), ClosedError, and
+        LoadFailedError when a tier fails and ``load_failure = "fail"``.
+        """
+        self._s.check_open()
+        arr, keys, tid = self._s.keys(tokens, tenant)
+        with self._s.tel.timed("get") as span:
+            found, reason = self._s.index.walk(keys, tid)
+            if reason == "never_stored":
+                await self._s.reader.adopt_shared(keys, len(found), tid)
+            entries, reason = self._s.index.walk(keys, tid)
+            if reason == "integrity":
+                await self._s.reader.drop_forged(keys, len(entries), reason)
+                found_before = len(entries)
+                entries, reason = self._s.index.walk(keys, tid)
+                if reason == "never_stored" and len(entries) == found_before:
+                    reason = "integrity"  # the forged entry is gone; the caller learns why the prefix ended
+            with self._s.index.pinned(entries):
+                self._s.reader.record_access(entries, len(keys), len(entries))
+                result = await self._s.reader.admitted_fetch(entries, len(keys), out, arr, reason, tid)
+            operator_reason = result.miss_reason
+            if operator_reason == "never_stored":
+                operator_reason = self._s.index.miss_reason(
+                    arr, result.tokens // self._s.block_tokens, "never_stored", tid
+                )[1]
+            self._s.reader.after_get(result, entries, tid, span, len(arr), operator_reason)
+        return result
+
+    async def invalidate(
+        self, *, tenant: str | None = None, all_tenants: bool = False, scope: Scope | None = None
+    ) -> int:
+        """Remove stored blocks: those of ``tenant`` (the default tenant when
+        None), or every tenant's with ``all_tenants=True``; restricted to the
+        model ``scope`` if given (its tenant field is ignored), else to this
+        configuration's scope. Returns the number of blocks removed."""
+        self._s.check_open()
+        ms = scope.with_tenant("").digest()[:16] if scope is not None else self._s.model_scope[:16]
+        _, tid = self._s.scope_digest(tenant)
+        victims = [
+            e
+            for e in self._s.index.entries.values()
+            if e.model_scope[:16] == ms and (all_tenants or e.tenant == tid) and e.pins == 0
+        ]
+        for e in victims:
+            await self._s.mover.drop(e)
+        return len(victims)
+
+    async def run_scheduler(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """The background placement service: promotions, demotions, prefetches,
+        capacity reservations and health probes of unhealthy tiers.
+
+        Start it in your task group with ``await tg.start(kv.run_scheduler)``
+        (``async with await TierKV.open(cfg) as kv`` starts it for you). While it
+        runs, ``put`` and ``get`` only *queue* placement work, so they never wait
+        for it; jobs beyond ``scheduler.queue`` are dropped and counted. Each
+        tier runs at most ``scheduler.max_transfers_per_tier`` transfers at once.
+        Cancel the enclosing scope (or close the TierKV) to stop it; jobs in
+        flight finish their current block (writes are shielded), queued ones are
+        dropped. A job that fails is counted (:attr:`failed_jobs`), logged and
+        traced, and the service goes on. Only one service may run per TierKV
+        (SchedulerError).
+        """
+        await self._s.service.run(task_status=task_status)
+
+    # ------------------------------------------------------------- delegates
+    async def flush(self, scope: Scope | None = None, *, batch: int = 64) -> int:
+        """Reclaim the blocks of old model scopes on every tier (see :meth:`Checkpoints.flush`)."""
+        return await self._s.ckpt.flush(scope, batch=batch)
+
+    async def checkpoint(self, name: str) -> CheckpointResult:
+        """Write checkpoint ``name`` to the bottom persistent tier (see :meth:`Checkpoints.checkpoint`)."""
+        return await self._s.ckpt.checkpoint(name)
+
+    async def stage(self, request: str, tokens: object, kv_data: object, *, tenant: str | None = None) -> int:
+        """Hold a request's KV including unverified draft tokens, invisible to every reader,
+        until :meth:`commit` (see :meth:`Staging.stage`). Raises the input errors of :meth:`put`."""
+        return await self._s.staging.stage(request, tokens, kv_data, tenant=tenant)
+
+    async def commit(self, request: str, accepted_tokens: int, *, durable: bool = False) -> PutResult:
+        """Store the first ``accepted_tokens`` staged tokens of ``request`` (whole blocks, as
+        :meth:`put`) and drop the rejected draft. Raises InputError (unknown request,
+        ``accepted_tokens`` out of range)."""
+        arr, kv, tenant = self._s.staging.accept(request, accepted_tokens)
+        return await self.put(arr, kv, tenant=tenant, durable=durable)
+
+    def rollback(self, request: str, to_tokens: int | None = None) -> None:
+        """Discard staged draft tokens of ``request`` beyond ``to_tokens`` (all, when None)."""
+        self._s.staging.rollback(request, to_tokens)
+
+    def tenant_usage(self, tenant: str | None = None) -> dict[str, int]:
+        """Logical bytes ``tenant``'s blocks hold on each tier (each copy where it is stored)."""
+        return self._s.quotas.tenant_usage(tenant)
+
+    def tenant_stats(self) -> dict[str, TenantStats]:
+        """Per-tenant bytes and quotas of every tenant holding blocks (no I/O)."""
+        return self._s.quotas.tenant_stats()
+
+    def invariant_violations(self, *, quiescent: bool = True) -> list[str]:
+        """What is wrong between the index and the tiers; empty when sound (no I/O). With
+        ``quiescent`` (nothing in flight), pins and per-tier blocks/bytes are checked too."""
+        return self._s.index.invariant_violations(quiescent=quiescent)
+
+    def hint(
+        self,
+        *,
+        transition: str | None = None,
+        tool: str | None = None,
+        decode_position: int | None = None,
+        tokens: object = None,
+        tenant: str | None = None,
+        response_tokens: int | None = None,
+    ) -> None:
+        """Tell the scheduler what the engine knows (never blocks, no I/O).
+
+        * ``transition`` (``same_tool_repeat``, ``tool_switch``,
+          ``reasoning_step``, ``agent_handoff``) labels the next request's
+          blocks for the reuse predictor;
+        * ``tool`` names the tool the agent calls now: the Markov chain counts
+          the transition from the previous tool, and when it predicts the next
+          tool with probability >= 0.5 the service reserves room in the fastest
+          tier for that tool's KV profile and prefetches its context blocks
+          (those put with ``block_type="tool_context"`` while it was the current
+          tool), and the head-importance multipliers are reset for the switch;
+        * ``decode_position`` with ``tokens``: prefetch the blocks covering
+          ``[n, n + w]`` (RoPE-aware window, see :meth:`prefetch`);
+        * ``response_tokens``: the engine has *finished* answering the most
+          recent request (``put``/``get``) with this many tokens. Call it at
+          completion, not before: the eviction ranking re-weights that request's
+          blocks by the learned reuse rate of its answer-length class and counts
+          their recency from now (``SchedulerState.respond``; the replay lab's
+          ``tierkv`` policy does the same). Repeated calls for one request are
+          ignored.
+
+        Raises ConfigError for an unknown transition label; InputError (nothing changed)
+        for a ``transition`` or ``tool`` that is not a non-empty string, a
+        ``decode_position`` or ``response_tokens`` that is not an int >= 0, a
+        ``decode_position`` without ``tokens`` (or ``tokens`` without it), a bad tenant.
+        """
+        sched = self._s.sched
+        for field, value in (("transition", transition), ("tool", tool)):
+            if value is not None and (not isinstance(value, str) or not value or len(value) > 256):
+                raise InputError(f"hint {field}: expected a non-empty string of at most 256 characters, got {value!r}")
+        if decode_position is not None:
+            if isinstance(decode_position, bool) or not isinstance(decode_position, int) or decode_position < 0:
+                raise InputError(f"hint decode_position: expected an int >= 0, got {decode_position!r}")
+            if tokens is None:
+                raise InputError("hint decode_position: needs the request's tokens (tokens=...)")
+        if tokens is not None and decode_position is None:
+            raise InputError("hint tokens: only meaningful with decode_position")
+        if tenant is not None:
+            self._s.scope_digest(tenant)  # validates it
+        if response_tokens is not None:
+            if isinstance(response_tokens, bool) or not isinstance(response_tokens, int) or response_tokens < 0:
+                raise InputError(f"response_tokens: expected an int >= 0, got {response_tokens!r}")
+            sched.respond(response_tokens)
+        if transition is not None:
+            sched.transition = sched.transition_index(transition)
+        if tool is not None:
+            prev = sched.tool
+            if prev is not None:
+                sched.chain.observe_transition(prev, tool)
+            sched.tool = tool
+            pred = sched.chain.predict(tool)
+            if pred is not None and pred[1] >= 0.5:
+                nxt, p = pred
+                reserve = sched.chain.reservation(tool)
+                if reserve:
+                    self._s.service.submit(Reserve(reserve))
+                for key in self._s.tool_blocks.get(nxt, []):
+                    self._s.service.submit(Promote(key, 0, prefetch=True))
+                if sched.importance is not None:
+                    sched.importance.set_multipliers(None)
+                self._s.tel.decision(
+                    "predicted_switch", {"tierkv.tool": tool, "tierkv.next_tool": nxt, "tierkv.probability": p}
+                )
+        if decode_position is not None and tokens is not None:
+            self._prefetch_keys(tokens, decode_position, tenant)
+
+    def _prefetch_keys(self, tokens: object, decode_position: int, tenant: str | None) -> list[str]:
+        if isinstance(decode_position, bool) or not isinstance(decode_position, int) or decode_position < 0:
+            raise InputError(f"decode_position: expected an int >= 0, got {decode_position!r}")
+        _, keys, _ = self._s.keys(tokens, tenant)
+        sched = self._s.sched
+        if sched.prefetch_window is None:
+            sched.prefetch_window = PrefetchWindow(self._s.block_tokens, min_window=self._s.block_tokens)
+        wanted = [keys[i].hex() for i in sched.prefetch_window.blocks(decode_position, total_blocks=len(keys))]
+        out = []
+        for k in wanted:
+            e = self._s.index.entries.get(k)
+            if e is not None and e.tier > 0:
+                self._s.service.submit(Promote(k, 0, prefetch=True))
+                out.append(k)
+        return out
+
+    async def prefetch(self, tokens: object, *, decode_position: int = 0, tenant: str | None = None) -> int:
+        """Promote the blocks covering ``[decode_position, decode_position + w]``
+        of ``tokens`` into the fastest tier ahead of need; ``w`` adapts per layer
+        class from the attention spans reported with :meth:`report_attention`.
+
+        With the scheduler service running this only queues the promotions and
+        returns at once; without it the promotions run now. Returns the number
+        of blocks scheduled (or promoted). Raises TokensError, InputError.
+        """
+        self._s.check_open()
+        with self._s.tel.timed("prefetch") as span:
+            keys = self._prefetch_keys(tokens, decode_position, tenant)
+            done = len(keys)
+            if not self._s.service.running:
+                done = 0
+                for k in keys:
+                    e = self._s.index.entries.get(k)
+                    if e is not None and await self._s.mover.promote_if_room(e, 0, "prefetch"):
+                        done += 1
+            if span is not None and span.is_recording():
+                _, tid = self._s.scope_digest(tenant)
+                span.set_attributes(
+                    {
+                        "tierkv.decode_position": decode_position,
+                        "tierkv.blocks": done,
+                        "tierkv.tokens": len(to_token_array(tokens)),
+                        "tierkv.tenant": tid.hex(),
+                    }
+                )
+        return done
+
+    def report_attention(
+        self,
+        layer: int,
+        head_scores: Any,
+        positions: Any,
+        query_pos: int,
+        *,
+        layer_class: str = "global",
+    ) -> None:
+        """Report one layer's attention statistics (``head_scores``: query heads x
+        attended positions) at decode position ``query_pos``: updates the
+        head-granular EMA importance and the prefetch window of ``layer_class``
+        (``"local"`` for sliding-window layers, ``"global"`` otherwise)."""
+        from ..scheduler import HeadImportance, attention_span
+
+        sched = self._s.sched
+        spec = self._s.spec
+        if sched.importance is None:
+            sched.importance = HeadImportance(
+                spec.kv_layers,
+                spec.num_attention_heads,
+                spec.num_kv_heads,
+                block_tokens=self._s.block_tokens,
+                mla=spec.attention == "mla",
+            )
+        sched.importance.report_attention(layer, head_scores, positions, query_pos)
+        if sched.prefetch_window is None:
+            sched.prefetch_window = PrefetchWindow(self._s.block_tokens, min_window=self._s.block_tokens)
+        scores = np.asarray(head_scores).max(axis=0)
+        sched.prefetch_window.observe_span(layer_class, attention_span(scores, np.asarray(positions), query_pos))
+
+    def stats(self) -> dict[str, TierStats]:
+        """Per-tier accounting (no I/O)."""
+        out: dict[str, TierStats] = {}
+        for t in self._s.tiers:
+            s: BackendStats = t.backend.stats()
+            kind = s.kind.value if isinstance(s.kind, TierKind) else str(s.kind)
+            out[t.name] = TierStats(
+                name=t.name,
+                backend=t.config_name,
+                kind=kind,
+                capacity_bytes=s.capacity_bytes,
+                used_bytes=s.used_bytes,
+                blocks=s.blocks,
+                hits=t.hits,
+                misses=t.misses,
+                bytes_in=t.bytes_in,
+                bytes_out=t.bytes_out,
+                promotions=t.promotions,
+                demotions=t.demotions,
+                io_path=s.io_path,
+                emulated=s.emulated,
+                healthy=t.healthy,
+                codec=t.codec.name if t.codec is not None else "raw",
+                codec_reasoning=t.codec.reasoning if t.codec is not None else None,
+            )
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"<TierKV tiers={self.tier_names} blocks={len(self._s.index.entries)}{' closed' if self._s.closed else ''}>"
+        )
