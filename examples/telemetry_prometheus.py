@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import anyio
 from telemetry_workload import run_workload
@@ -44,15 +43,17 @@ def main() -> int:
         resource=Resource.create({"service.name": "tierkv-prometheus-example"}),
         metric_readers=[PrometheusMetricReader()],
     )
-    misses = anyio.run(lambda: run_workload(args.requests, meter_provider=meter_provider))
-    print(f"misses by reason: {misses}")
-    print(f"serving http://127.0.0.1:{port}/metrics", flush=True)
-    try:
+
+    async def serve(misses: dict[str, int]) -> None:
+        # scraped while the store is open: a closed store reports no tier gauges
+        print(f"misses by reason: {misses}")
+        print(f"serving http://127.0.0.1:{port}/metrics", flush=True)
         if args.serve_seconds is None:
-            while True:
-                time.sleep(3600)
-        else:
-            time.sleep(args.serve_seconds)
+            await anyio.sleep_forever()
+        await anyio.sleep(args.serve_seconds)
+
+    try:
+        anyio.run(lambda: run_workload(args.requests, meter_provider=meter_provider, while_open=serve))
     except KeyboardInterrupt:
         pass
     finally:

@@ -8,6 +8,7 @@ Not an example on its own; ``telemetry_console.py``, ``telemetry_otlp.py`` and
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -39,8 +40,18 @@ def config(pfs_dir: str) -> dict[str, Any]:
     }
 
 
-async def run_workload(requests: int, *, tracer_provider: Any = None, meter_provider: Any = None) -> dict[str, int]:
-    """Run ``requests`` prompts (2 blocks each) and return the misses by reason."""
+async def run_workload(
+    requests: int,
+    *,
+    tracer_provider: Any = None,
+    meter_provider: Any = None,
+    while_open: Callable[[dict[str, int]], Awaitable[None]] | None = None,
+) -> dict[str, int]:
+    """Run ``requests`` prompts (2 blocks each) and return the misses by reason.
+
+    A store reports its tier gauges only while it is open (a closed one is freed), so the
+    final metrics are flushed before it closes, and ``while_open(misses)`` (a scrape window,
+    say) runs with the store still open."""
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as pfs_dir:
         kv = await TierKV.open(config(pfs_dir), tracer_provider=tracer_provider, meter_provider=meter_provider)
@@ -55,4 +66,9 @@ async def run_workload(requests: int, *, tracer_provider: Any = None, meter_prov
             await kv.get(prompts[0], tenant="team-b")  # same tokens, other tenant: different scope
             await kv.lookup(prompts[-1], tenant="team-a")
             await kv.prefetch(prompts[0], decode_position=0, tenant="team-a")  # promote back ahead of need
-            return dict(kv.misses_by_reason)
+            misses = dict(kv.misses_by_reason)
+            if while_open is not None:
+                await while_open(misses)
+            if meter_provider is not None and hasattr(meter_provider, "force_flush"):
+                meter_provider.force_flush()  # export while the tier gauges still report
+            return misses
