@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tierkv._errors import (
+from tierkv.errors import (
     BackendError,
     BackendIOError,
     BlockExistsError,

@@ -42,9 +42,8 @@ from typing import Any
 
 import numpy as np
 
-from tierkv._backend import Availability, BackendStats, TierKind, os_error
-from tierkv._errors import ConfigError, PluginUnavailableError
-from tierkv._options import opt_choice, opt_int, opt_str
+from tierkv.backend import Availability, BackendStats, TierKind, opt_choice, opt_int, opt_str, os_error
+from tierkv.errors import ConfigError, PluginUnavailableError
 
 from .dram import DramBackend
 

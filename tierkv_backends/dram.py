@@ -93,7 +93,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 
-from tierkv._backend import (
+from tierkv.backend import (
     MAX_TAG_BYTES,
     Allocation,
     Availability,
@@ -104,9 +104,14 @@ from tierkv._backend import (
     TierKind,
     as_byte_view,
     check_allocation,
+    opt_bool,
+    opt_choice,
+    opt_int,
+    opt_size,
+    reject_unknown,
     validate_key,
 )
-from tierkv._errors import (
+from tierkv.errors import (
     BackendClosedError,
     BackendIOError,
     BlockExistsError,
@@ -116,7 +121,6 @@ from tierkv._errors import (
     InputError,
     PluginUnavailableError,
 )
-from tierkv._options import opt_bool, opt_choice, opt_int, opt_size, reject_unknown
 
 from ._arena import Arena, Extent
 

@@ -35,7 +35,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from tierkv._backend import (
+from tierkv.backend import (
     Allocation,
     Availability,
     Backend,
@@ -46,9 +46,12 @@ from tierkv._backend import (
     as_byte_view,
     check_allocation,
     into_view,
+    opt_int,
+    opt_size,
+    reject_unknown,
     validate_key,
 )
-from tierkv._errors import (
+from tierkv.errors import (
     BackendClosedError,
     BackendIOError,
     BlockExistsError,
@@ -58,7 +61,6 @@ from tierkv._errors import (
     InputError,
     PluginUnavailableError,
 )
-from tierkv._options import opt_int, opt_size, reject_unknown
 
 from ._arena import BuddyAllocator, Extent
 from ._gpu import cuda_usable

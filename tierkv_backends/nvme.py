@@ -87,7 +87,7 @@ import anyio.lowlevel
 import anyio.to_thread
 import numpy as np
 
-from tierkv._backend import (
+from tierkv.backend import (
     MAX_TAG_BYTES,
     Allocation,
     Availability,
@@ -100,11 +100,17 @@ from tierkv._backend import (
     as_byte_view,
     check_allocation,
     into_view,
+    opt_bool,
+    opt_choice,
+    opt_int,
+    opt_size,
     os_error,
+    parse_size,
+    reject_unknown,
     run_blocking,
     validate_key,
 )
-from tierkv._errors import (
+from tierkv.errors import (
     BackendIOError,
     BlockExistsError,
     BlockNotFoundError,
@@ -115,7 +121,6 @@ from tierkv._errors import (
     PluginUnavailableError,
     TierKVError,
 )
-from tierkv._options import opt_bool, opt_choice, opt_int, opt_size, parse_size, reject_unknown
 
 from ._gpu import cuda_usable, kvikio_installed
 

@@ -48,7 +48,7 @@ The reference count of a content file is its link count: every record is a hard
 link, so ``st_nlink - 1`` is the number of keys using it, in every process sharing
 the directory. Evicting the last key unlinks the content file. Scopes: with
 ``dedup="tenant"`` a block written by :class:`~tierkv.TierKV` is scoped by the tenant in
-its tag (:func:`tierkv._tierkv.tag_tenant`), an untagged block by the shared scope
+its tag (:func:`tierkv.backend.tag_tenant`), an untagged block by the shared scope
 ``untagged``, and any other tag by a digest of the whole tag (its content is shared
 only with blocks of the identical tag); two tenants never share a content file.
 ``dedup="global"`` puts every block in one scope.
@@ -156,7 +156,8 @@ import anyio.to_thread
 import numpy as np
 import xxhash
 
-from tierkv._backend import (
+from tierkv._tierkv import tag_tenant
+from tierkv.backend import (
     Allocation,
     Availability,
     Backend,
@@ -168,11 +169,18 @@ from tierkv._backend import (
     as_byte_view,
     check_allocation,
     into_view,
+    opt_bool,
+    opt_choice,
+    opt_float,
+    opt_int,
+    opt_size,
+    opt_str,
     os_error,
+    reject_unknown,
     run_blocking,
     validate_key,
 )
-from tierkv._errors import (
+from tierkv.errors import (
     BackendClosedError,
     BackendIOError,
     BlockExistsError,
@@ -183,8 +191,6 @@ from tierkv._errors import (
     IntegrityError,
     TierKVError,
 )
-from tierkv._options import opt_bool, opt_choice, opt_float, opt_int, opt_size, opt_str, reject_unknown
-from tierkv._tierkv import tag_tenant
 
 __all__ = ["PfsBackend"]
 

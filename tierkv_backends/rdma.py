@@ -55,7 +55,7 @@ import anyio
 import anyio.to_thread
 import numpy as np
 
-from tierkv._backend import (
+from tierkv.backend import (
     MAX_TAG_BYTES,
     Allocation,
     Availability,
@@ -66,9 +66,16 @@ from tierkv._backend import (
     TierKind,
     as_byte_view,
     check_allocation,
+    opt_bool,
+    opt_choice,
+    opt_float,
+    opt_int,
+    opt_size,
+    opt_str,
+    reject_unknown,
     validate_key,
 )
-from tierkv._errors import (
+from tierkv.errors import (
     BackendError,
     BackendIOError,
     BlockExistsError,
@@ -79,7 +86,6 @@ from tierkv._errors import (
     IntegrityError,
     PluginUnavailableError,
 )
-from tierkv._options import opt_bool, opt_choice, opt_float, opt_int, opt_size, opt_str, reject_unknown
 
 from ._mooncake import MasterProcess, MasterStartError, code_name, translate
 

@@ -36,9 +36,8 @@ from typing import Any
 
 import anyio
 
-import tierkv
-from tierkv._backend import API_VERSION, Backend
-from tierkv._errors import TierKVError
+from tierkv.backend import API_VERSION, Backend
+from tierkv.errors import TierKVError
 
 from ._envelope import EnvelopeRow, measure_envelope, storage_dir
 from ._hardware import detect_hardware
@@ -48,6 +47,13 @@ from ._runner import TestOutcome, load_config, run_suite, substitute
 __all__ = ["build_verdict", "main", "render_markdown"]
 
 _SECRET_WORDS = ("password", "secret", "token", "credential", "key_file")
+
+
+def _tierkv_version() -> str:
+    try:
+        return importlib.metadata.version("tierkv")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def _say(msg: str) -> None:
@@ -275,8 +281,8 @@ def main(argv: list[str]) -> int:
             "backend_class": f"{cls.__module__}.{cls.__qualname__}",
             "distribution": dist,
             "backend_version": version,
-            "tierkv_version": tierkv.__version__,
-            "conformance_version": importlib.metadata.version("tierkv") if dist != "tierkv" else tierkv.__version__,
+            "tierkv_version": _tierkv_version(),
+            "conformance_version": _tierkv_version(),  # the suite ships with tierkv
             "api_version": API_VERSION,
             "backend_api_version": cls.api_version,
             "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

@@ -61,7 +61,7 @@ import anyio
 import anyio.to_thread
 import numpy as np
 
-from tierkv._backend import Backend, TierKind
+from tierkv.backend import Backend, TierKind
 
 from ._reference import RawMeasurement, SupportsRawReference
 from ._suite import block_key

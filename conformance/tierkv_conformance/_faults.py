@@ -26,7 +26,7 @@ from typing import Any
 
 import anyio
 
-from tierkv._backend import (
+from tierkv.backend import (
     Allocation,
     Backend,
     BackendStats,
@@ -36,7 +36,7 @@ from tierkv._backend import (
     SupportsScan,
     as_byte_view,
 )
-from tierkv._errors import BackendError, BackendIOError, ConfigError
+from tierkv.errors import BackendError, BackendIOError, ConfigError
 
 __all__ = ["FaultConfig", "FaultInjectingBackend", "FaultStats"]
 

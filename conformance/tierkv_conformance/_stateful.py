@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from tierkv._backend import Allocation, Backend
-from tierkv._errors import BlockExistsError, BlockNotFoundError, CapacityError, TierKVError
+from tierkv.backend import Allocation, Backend
+from tierkv.errors import BlockExistsError, BlockNotFoundError, CapacityError, TierKVError
 
 __all__ = ["run_stateful"]
 

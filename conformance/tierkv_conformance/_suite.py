@@ -36,7 +36,7 @@ import anyio.lowlevel
 import numpy as np
 import pytest
 
-from tierkv._backend import (
+from tierkv.backend import (
     API_VERSION,
     MAX_TAG_BYTES,
     Allocation,
@@ -48,7 +48,7 @@ from tierkv._backend import (
     SupportsDeviceIO,
     SupportsScan,
 )
-from tierkv._errors import (
+from tierkv.errors import (
     BackendClosedError,
     BlockExistsError,
     BlockNotFoundError,
