@@ -243,8 +243,12 @@ class Reader:
         tier = self.s.tiers[ti]
         backend = tier.backend
         t0 = time.perf_counter()
+        stored = 0
+        t1 = t0
         try:
             views = await backend.read_many([entries[i].key for i in idxs])
+            t1 = time.perf_counter()
+            stored = sum(len(v) for v in views)
             if tier.codec is not None:
                 views = [await self.s.decoded(ti, entries[i].key, v) for i, v in zip(idxs, views, strict=True)]
         except BackendError as batch_exc:
@@ -264,11 +268,14 @@ class Reader:
                     self.s.tier_failed(ti, exc)
             return
         tier.breaker.record_success()
-        nbytes = 0
+        raw = 0
         for i, v in zip(idxs, views, strict=True):
             results[i] = v
-            nbytes += len(v)
-        self.s.sched.estimators[ti].observe(nbytes, time.perf_counter() - t0)
+            raw += len(v)
+        # the transfer and the decode are measured apart: the gate models them apart
+        self.s.sched.estimators[ti].observe(stored, t1 - t0)
+        if tier.codec is not None:
+            self.s.sched.observe_decode(ti, raw, time.perf_counter() - t1)
 
     async def fetch(
         self, entries: list[Entry], wanted: int, out: Any, arr: np.ndarray[Any, Any], reason: str, tid: bytes
@@ -293,6 +300,7 @@ class Reader:
                     "tierkv.recompute_s": decision.recompute_s,
                     "tierkv.decision": "fetch" if decision.fetch else "recompute",
                     "tierkv.reason": decision.reason,
+                    "tierkv.probe": decision.probe,
                     "tierkv.tokens": n * bt,
                 },
             ):

@@ -72,9 +72,11 @@ class Store:
             Tier(name, tc.backend, b, tc.high_watermark, tc.low_watermark, br, self.sched.max_transfers)
             for (name, b), tc, br in zip(tiers, config.tiers, self.sched.breakers, strict=True)
         ]
-        for t, tc in zip(self.tiers, config.tiers, strict=True):
+        for ti, (t, tc) in enumerate(zip(self.tiers, config.tiers, strict=True)):
             if tc.codec is not None:
                 t.codec = self.make_codec(t, tc.codec)
+                if t.codec.name != "raw" and t.codec.decode_Bps > 0:  # the gate models stored bytes and decode time
+                    self.sched.set_codec(ti, t.codec.ratio_estimate, t.codec.decode_Bps)
         self.fetch_limiter = anyio.CapacityLimiter(self.sched.max_fetches)
         self.tool_blocks: dict[str, list[str]] = {}
         self.prefetch_stats = {"issued": 0, "useful": 0, "wasted": 0}
