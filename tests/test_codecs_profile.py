@@ -24,7 +24,7 @@ from tierkv.codecs import (
     register_profile,
 )
 from tierkv.codecs._base import ParamValue, meta_for
-from tierkv.codecs._cachegen import _to_f32
+from tierkv.codecs._floats import to_f32
 from tierkv.codecs._profile import _sink_values, dequantize_profile, detect_sinks, quantize_profile
 
 #: 8-byte content digest of the built-in SmolLM2-135M profile: blocks name it, so it must never change
@@ -62,9 +62,9 @@ def _expected(codec: CacheGenCodec, kv: Any, dtype: str) -> Any:
 
         step, s = _sink_rows(np.ascontiguousarray(x[:, :, sinks].transpose(2, 0, 1, 3)))
         out[:, :, sinks] = _sink_values(step, s).transpose(1, 2, 0, 3)
-    from tierkv.codecs._cachegen import _from_f32
+    from tierkv.codecs._floats import from_f32
 
-    return _from_f32(out.reshape(kv.shape), dtype)
+    return from_f32(out.reshape(kv.shape), dtype)
 
 
 def _as(kv32: Any, dtype: str) -> Any:
@@ -104,7 +104,7 @@ def test_symbols_round_trip_bit_exact(
     out = decode_block(block)
     assert out.dtype == kv.dtype and out.shape == kv.shape
     assert out.tobytes() == _expected(codec, kv, dtype).tobytes()
-    assert not _to_f32(out, dtype)[1, 1, 0, 1:].any() or tokens == 1  # zero row (but a sink) decodes to ~0
+    assert not to_f32(out, dtype)[1, 1, 0, 1:].any() or tokens == 1  # zero row (but a sink) decodes to ~0
 
 
 def test_error_bound_and_sinks() -> None:
@@ -245,3 +245,24 @@ def test_deadzone_zeroes_small_values() -> None:
     x = np.concatenate([x, x], axis=1)
     sym, _, _ = quantize_profile(x, np.zeros((1, 2, 1), np.int16), 0, sinks=False, deadzone=0.15)
     assert sym[0, 0, :, 0].tolist() == [0, 0, 1, 1, 0]
+
+
+def test_builtin_profile_is_package_data_shipped_in_the_wheel() -> None:
+    """The built-in profile is a data file read with importlib.resources, listed in the package data."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    from tierkv.codecs import _profiles
+
+    res = _profiles.builtin_profile_file("smollm2-135m")
+    assert res.is_file()
+    with np.load(res.open("rb"), allow_pickle=False) as data:
+        assert data["codes"].shape == (30, 2, 192) and data["order"].shape == (30 * 2 * 192,)
+        assert Profile.create("copy", data["codes"], data["order"]).digest.hex() == SMOLLM2_DIGEST
+    root = Path(__file__).resolve().parents[1]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["tierkv"]
+    shipped = Path(str(res)).resolve().relative_to(root / "tierkv").as_posix()
+    assert any(fnmatch.fnmatch(shipped, g) for g in globs), (shipped, globs)
+    with pytest.raises(KeyError):
+        _profiles.builtin_profile_file("no-such-model")

@@ -76,6 +76,7 @@ import numpy as np
 from .._errors import CodecError, ConfigError, DecodeError, InputError
 from .._options import opt_choice, opt_int, reject_unknown
 from ._base import BlockMeta, Codec, ParamValue
+from ._floats import from_f32, to_f32
 from ._profile import decode_profile, encode_profile
 from ._profiles import Profile, find_profile, get_profile
 
@@ -123,23 +124,6 @@ _PROFILE_ONLY = frozenset({"profile", "step_scale", "sinks", "deadzone", "fallba
 _KNOWN = _ROWMAX_ONLY | _PROFILE_ONLY | {"level", "scheme", "entropy", "zstd_level"}
 _CHANNEL_SCALE = ("none", "k", "kv")
 _KV_DTYPES = ("float16", "bfloat16", "float32")
-
-
-# ----------------------------------------------------------------------------- float conversions
-
-
-def _to_f32(array: np.ndarray[Any, Any], dtype: str) -> np.ndarray[Any, Any]:
-    if dtype == "bfloat16":
-        return (array.astype(np.uint32) << 16).view(np.float32)
-    return array.astype(np.float32, copy=False)
-
-
-def _from_f32(x: np.ndarray[Any, Any], dtype: str) -> np.ndarray[Any, Any]:
-    if dtype == "bfloat16":
-        bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-        rounded = bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))  # round to nearest even
-        return (rounded >> 16).astype(np.uint16)
-    return np.ascontiguousarray(x, dtype=np.dtype(dtype))
 
 
 # ----------------------------------------------------------------------------- quantizer
@@ -542,7 +526,7 @@ class CacheGenCodec(Codec):
         if array.ndim != 5 or array.shape[1] != 2:
             raise CodecError(f"cachegen: KV must be (layers, 2, tokens, kv_heads, head_dim), got shape {array.shape}")
         L, _, T, H, D = array.shape
-        x = _to_f32(np.ascontiguousarray(array), dtype).reshape(L, 2, T, H * D)
+        x = to_f32(np.ascontiguousarray(array), dtype).reshape(L, 2, T, H * D)
         return x
 
     # -- encode / decode
@@ -666,7 +650,7 @@ class CacheGenCodec(Codec):
         x = dequantize(sym, step, m, self.anchor)
         if n_scaled:
             x[:, :n_scaled] *= cs.astype(np.float32)[:, :, None, :]
-        return _from_f32(x.reshape(meta.shape), meta.dtype)
+        return from_f32(x.reshape(meta.shape), meta.dtype)
 
     # -- rANS
 
@@ -750,7 +734,7 @@ def _chunk_models(q8: np.ndarray[Any, Any], sizes: np.ndarray[Any, Any]) -> tupl
 def _dequant_f16(
     sym: np.ndarray[Any, Any], step: np.ndarray[Any, Any], m: np.ndarray[Any, Any], cs: np.ndarray[Any, Any]
 ) -> np.ndarray[Any, Any]:
-    """Fast float16 dequantization, bit-identical to ``_from_f32(dequantize(...) * cs)``.
+    """Fast float16 dequantization, bit-identical to ``from_f32(dequantize(...) * cs)``.
 
     Rows without channel scales go through a per-row float16 table of the ``2M+1`` reconstruction values
     (float32 product rounded once, exactly as the float32 path), gathered by symbol: no float32 array

@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import CodecError, DecodeError
+from ._floats import from_f32
 from ._profiles import Profile, profile_by_digest
 
 __all__ = [
@@ -252,8 +253,6 @@ def decode_profile(payload: memoryview, shape: tuple[int, int, int, int], dtype:
     """Decode a profile-scheme payload into (L, 2, T, C) of ``dtype`` (float16, bfloat16 bits, float32)."""
     import zstandard
 
-    from ._cachegen import _from_f32
-
     L, _, T, C = shape
     G = L * 2 * C
     if len(payload) < _HEAD.size:
@@ -329,4 +328,4 @@ def decode_profile(payload: memoryview, shape: tuple[int, int, int, int], dtype:
         out[:, :, sink_idx] = _sink_values(sink_step, sink_sym).transpose(1, 2, 0, 3)
     if dtype == "float16" or dtype == "float32":
         return out
-    return _from_f32(out, dtype)
+    return from_f32(out, dtype)
