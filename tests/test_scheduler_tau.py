@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from tierkv import ConfigError, TierKV
 from tierkv._scheduling import SchedulerState
+from tierkv.lab.policies import LruPolicy, TierKVOptions, TierKVPolicy
+from tierkv.lab.replay import ABLATIONS
+from tierkv.lab.synth import synthetic_requests
 from tierkv.scheduler import TauAdapter
-from tierkv.scheduler._policies import LruPolicy, TierKVOptions, TierKVPolicy
-from tierkv.scheduler._replay import ABLATIONS
-from tierkv.scheduler._synth import synthetic_requests
 
 
 @pytest.mark.parametrize(
@@ -158,7 +158,9 @@ def test_fixed_tau_ablation_is_the_policy_without_shadows() -> None:
 
 # ---------------------------------------------------------------- library mirror
 def test_scheduler_state_adapts_tau_and_ranks_with_it() -> None:
-    s = SchedulerState({"tau_s": 1000.0, "tau_candidates_s": [0.1, 1000.0]}, ["dram"], ["dram"])
+    s = SchedulerState(
+        {"policy": "predictive", "tau_s": 1000.0, "tau_candidates_s": [0.1, 1000.0]}, ["dram"], ["dram"]
+    )
     assert s.tau_adapter is None  # made once the capacity is known
     s.set_capacity_blocks(8)
     ad = s.tau_adapter
@@ -212,6 +214,7 @@ async def test_tierkv_feeds_the_adaptive_tau(tmp_path: Path) -> None:
         "kv_dtype": "float16",
         "block_tokens": 16,
         "tiers": [{"name": "dram", "backend": "dram", "capacity": "64MiB"}],
+        "scheduler": {"policy": "predictive"},  # the adaptive tau belongs to the predictive ranking
     }
     block_bytes = 30 * 2 * 16 * 3 * 64 * 2
     async with await TierKV.open(cfg) as kv:
@@ -223,5 +226,5 @@ async def test_tierkv_feeds_the_adaptive_tau(tmp_path: Path) -> None:
             await kv.put(list(range(1000 * i, 1000 * i + 48)), kv_data)
             await kv.get(list(range(1000 * i, 1000 * i + 48)))
         assert ad._requests >= 5 and len(ad._buf_b) > 0
-    async with await TierKV.open({**cfg, "scheduler": {"tau_candidates_s": []}}) as kv:
+    async with await TierKV.open({**cfg, "scheduler": {"policy": "predictive", "tau_candidates_s": []}}) as kv:
         assert kv._sched.tau_adapter is None

@@ -26,6 +26,7 @@ def config(tmp_path: Path) -> dict[str, Any]:
         "kv_dtype": "float16",
         "block_tokens": 16,
         "tiers": [{"name": "dram", "backend": "dram", "capacity": "64MiB"}],
+        "scheduler": {"policy": "predictive"},  # the answer-length re-ranking belongs to the predictive policy
     }
 
 
