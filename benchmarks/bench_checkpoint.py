@@ -35,7 +35,9 @@ SYSTEM_PROMPTS = (
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     from tierkv import TierKV
-    from tierkv._hf import chat_prompt_ids, load_smollm2, prefill, sharegpt_conversations
+    from tierkv.demo.sharegpt import sharegpt_conversations
+    from tierkv.demo.smollm2 import load_smollm2
+    from tierkv.integrations.transformers import chat_prompt_ids, prefill
 
     t0 = time.perf_counter()
     m = await anyio.to_thread.run_sync(load_smollm2, args.dtype)

@@ -18,7 +18,7 @@ blocks cut at ``input_length``, and the library keys whole ``--block-tokens`` bl
 four library blocks per trace block). The KV is zeros of a tiny model (1 layer, 1 KV head, head dim 8, fp16:
 32 bytes per token), so a block is a few KiB and the replay measures the policy, not memory traffic.
 
-Method as in the replay lab (:mod:`tierkv.scheduler._replay`): the whole trace is replayed, hit rates count
+Method as in the replay lab (:mod:`tierkv.lab.replay`): the whole trace is replayed, hit rates count
 only requests at or after ``t0 + split * (t_end - t0)`` (``--split``, default 0.4: the held-out part);
 capacities are fractions of the distinct library blocks of the trace. Beside each library row: the lab's
 LRU on the same library-block id sequence (root-to-leaf touch order) and an independent LRU in the library's
@@ -46,8 +46,8 @@ import anyio
 import numpy as np
 
 from tierkv import TierKV
-from tierkv.scheduler._policies import LruPolicy
-from tierkv.scheduler._replay import Trace, load_trace, replay
+from tierkv.lab.policies import LruPolicy
+from tierkv.lab.replay import Trace, load_trace, replay
 
 SHARED = Path("/work/shared/traces/mooncake-fast25/conversation_trace.jsonl")
 LOCAL = Path(__file__).resolve().parent.parent / "tests" / "data" / "traces" / "mooncake_conversation_trace.jsonl"

@@ -12,8 +12,8 @@ import statistics
 import time
 from pathlib import Path
 
-from tierkv.scheduler._policies import next_use_index
-from tierkv.scheduler._replay import load_trace, make_policy, replay
+from tierkv.lab.policies import next_use_index
+from tierkv.lab.replay import load_trace, make_policy, replay
 
 TARGET = 200_000.0
 DEFAULT = Path(__file__).resolve().parent.parent / "tests" / "data" / "traces" / "mooncake_conversation_trace.jsonl"

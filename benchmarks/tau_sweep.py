@@ -1,6 +1,6 @@
 """Sensitivity of the tierkv replay policy to its recency time constant ``tau``.
 
-    python -m tierkv.scheduler._synth /tmp/synthetic_mixed.jsonl --shape mixed --seed 7
+    python -m tierkv.lab.synth /tmp/synthetic_mixed.jsonl --shape mixed --seed 7
     python benchmarks/tau_sweep.py /tmp/synthetic_mixed.jsonl --split 0.4
     python benchmarks/tau_sweep.py tests/data/traces/mooncake_conversation_trace.jsonl --until 0.4 --split 0.5
 
@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tierkv.scheduler._policies import TierKVOptions, TierKVPolicy
-from tierkv.scheduler._replay import Trace, load_trace, make_policy, replay, truncate
+from tierkv.lab.policies import TierKVOptions, TierKVPolicy
+from tierkv.lab.replay import Trace, load_trace, make_policy, replay, truncate
 
 
 def prefix_hit_rate(trace: Trace, frac: float, split: float, opts: TierKVOptions | None, name: str) -> float:

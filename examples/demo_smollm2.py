@@ -17,8 +17,9 @@ import anyio
 import anyio.to_thread
 
 from tierkv import TierKV
-from tierkv._demo import build_prompts
-from tierkv._hf import chat_prompt_ids, generate_greedy, load_smollm2, prefill
+from tierkv.demo.run import build_prompts
+from tierkv.demo.smollm2 import load_smollm2
+from tierkv.integrations.transformers import chat_prompt_ids, generate_greedy, prefill
 
 
 async def main() -> None:

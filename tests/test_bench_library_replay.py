@@ -11,7 +11,7 @@ from typing import Any
 import anyio
 import pytest
 
-from tierkv.scheduler._replay import load_trace
+from tierkv.lab.replay import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))

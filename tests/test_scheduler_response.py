@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tierkv._errors import ConfigError
-from tierkv.scheduler._policies import TierKVOptions, TierKVPolicy
-from tierkv.scheduler._replay import Trace, load_trace, replay, truncate
+from tierkv.lab.policies import TierKVOptions, TierKVPolicy
+from tierkv.lab.replay import Trace, load_trace, replay, truncate
 from tierkv.scheduler._response import (
     N_RESPONSE_CLASSES,
     ResponseModel,

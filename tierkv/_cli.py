@@ -1,30 +1,52 @@
 """The ``tierkv`` command.
 
 Each subcommand lives in the module that owns it and exposes
-``main(argv: list[str]) -> int``; this dispatcher imports it only when used,
-so ``tierkv backends`` never imports torch or a device library.
+``main(argv: list[str]) -> int``; this dispatcher imports it only when used
+(inside the subcommand's function below), so ``tierkv backends`` never imports
+torch or a device library. This module and ``__main__`` are the only ones of
+the core allowed to import the lab (``tierkv.lab``), the demo (``tierkv.demo``)
+and the conformance suite, and only inside functions (``tests/test_import_graph.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import sys
 from collections.abc import Callable, Sequence
 
 __all__ = ["main"]
 
-#: subcommand -> (module, one-line help)
-_SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "backends": ("tierkv._cli", "list installed backends and whether they can run here"),
-    "demo": ("tierkv._demo", "the main job: real SmolLM2 KV stored in DRAM+PFS, TTFT with and without tierkv"),
-    "certify": ("tierkv_conformance._certify", "run the conformance suite on a backend and write a certificate"),
-    "replay": ("tierkv.scheduler._replay", "replay a Mooncake-format trace against cache policies"),
-    "codec-eval": ("tierkv.codecs._eval", "measure codec levels on real SmolLM2 KV"),
-    "stats": ("tierkv._statsview", "render the per-tier table of a configuration (persistent tiers warm-started)"),
-}
+
+def _demo_main(argv: list[str]) -> int:
+    from .demo.run import main as demo_main
+
+    return demo_main(argv)
+
+
+def _certify_main(argv: list[str]) -> int:
+    from tierkv_conformance._certify import main as certify_main
+
+    return int(certify_main(argv))
+
+
+def _replay_main(argv: list[str]) -> int:
+    from .lab.replay import main as replay_main
+
+    return replay_main(argv)
+
+
+def _codec_eval_main(argv: list[str]) -> int:
+    from .lab.codec_eval import main as codec_eval_main
+
+    return codec_eval_main(argv)
+
+
+def _stats_main(argv: list[str]) -> int:
+    from ._statsview import main as stats_main
+
+    return int(stats_main(argv))
 
 
 def _backends_main(argv: list[str]) -> int:
@@ -46,6 +68,17 @@ def _backends_main(argv: list[str]) -> int:
     return 0
 
 
+#: subcommand -> (entry point, one-line help)
+_SUBCOMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
+    "backends": (_backends_main, "list installed backends and whether they can run here"),
+    "demo": (_demo_main, "the main job: real SmolLM2 KV stored in DRAM+PFS, TTFT with and without tierkv"),
+    "certify": (_certify_main, "run the conformance suite on a backend and write a certificate"),
+    "replay": (_replay_main, "replay a Mooncake-format trace against cache policies"),
+    "codec-eval": (_codec_eval_main, "measure codec levels on real SmolLM2 KV"),
+    "stats": (_stats_main, "render the per-tier table of a configuration (persistent tiers warm-started)"),
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
@@ -62,10 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if sub not in _SUBCOMMANDS:
         print(f"tierkv: unknown subcommand {sub!r}; see 'tierkv --help'", file=sys.stderr)
         return 2
-    if sub == "backends":
-        return _backends_main(rest)
-    module = importlib.import_module(_SUBCOMMANDS[sub][0])
-    entry: Callable[[list[str]], int] = module.main
+    entry = _SUBCOMMANDS[sub][0]
     return int(entry(rest))
 
 

@@ -10,9 +10,9 @@
   :class:`RateEstimator` (codec decode rate), :class:`ProbeSchedule` (bounded re-measuring of gated tiers).
 * :class:`CircuitBreaker` -- per-tier health (closed / open / half-open) with an injectable clock.
 * :func:`placement_value`, :func:`choose_tier` -- dollar value per block and tier, hysteresis.
-* ``tierkv replay`` -- the trace-replay lab lives in ``tierkv.scheduler._replay`` (``main(argv)``).
 
-Importing this package does no I/O and imports neither matplotlib nor torch.
+Importing this package does no I/O and imports neither matplotlib nor torch. The trace-replay lab that
+measures these decisions offline is :mod:`tierkv.lab` (it imports this package; this package never imports it).
 """
 
 from ._breaker import BreakerState, CircuitBreaker

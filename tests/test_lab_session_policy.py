@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tierkv._errors import ConfigError
-from tierkv.scheduler._policies import LruPolicy, SessionOptions, SessionPolicy, session_class
+from tierkv.lab.policies import LruPolicy, SessionOptions, SessionPolicy, session_class
 from tierkv.scheduler._survival import RenewalHazard, age_bin, bin_lower_edges, hit_density, km_survival
 
 

@@ -40,13 +40,13 @@ When ``lru`` and ``belady`` are both replayed, every row also carries ``gap_clos
 LRU -> Belady prefix-hit-rate gap the policy closes at that capacity, ``(p - p_lru) / (p_belady - p_lru)``.
 
 ``--ablations`` adds the tierkv policy with one component off each (see
-:class:`~tierkv.scheduler._policies.TierKVOptions`): ``tierkv-no-predictor``, ``-no-prefix-tree``,
+:class:`~tierkv.lab.policies.TierKVOptions`): ``tierkv-no-predictor``, ``-no-prefix-tree``,
 ``-no-fanout``, ``-no-bypass``, ``-no-size``, ``-no-decay``, ``-no-optgen``, ``-no-quick-step``, ``-no-shape``,
 ``-no-response`` (answer-length class), ``-no-completion`` (recency from completion), ``-no-response-signal``
 (both), ``tierkv-fixed-tau`` (``tau`` fixed at its start value instead of adapted by shadow caches),
-and the experimental renewal-process policy ``tierkv-session`` (:class:`~tierkv.scheduler._policies.SessionPolicy`)
+and the experimental renewal-process policy ``tierkv-session`` (:class:`~tierkv.lab.policies.SessionPolicy`)
 with ``tierkv-session-no-hazard``, ``-no-classes``, ``-no-density``, ``-no-prefix-tree``, ``-no-bypass``,
-``-no-tail`` (see :class:`~tierkv.scheduler._policies.SessionOptions`). Any ablation name is also accepted by
+``-no-tail`` (see :class:`~tierkv.lab.policies.SessionOptions`). Any ablation name is also accepted by
 ``--policies``.
 """
 
@@ -63,7 +63,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from ._policies import (
+from tierkv.scheduler._response import completion_time
+
+from .policies import (
     ArcPolicy,
     BeladyPolicy,
     LfuPolicy,
@@ -77,7 +79,6 @@ from ._policies import (
     TinyLfuPolicy,
     next_use_index,
 )
-from ._response import completion_time
 
 __all__ = [
     "ABLATIONS",

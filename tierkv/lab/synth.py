@@ -1,6 +1,6 @@
 """Synthetic Mooncake-format traces: other workload shapes for the replay lab (generalisation checks).
 
-``python -m tierkv.scheduler._synth OUT.jsonl [--shape chat|agent|mixed] [--seed N] [--sessions N]`` writes
+``python -m tierkv.lab.synth OUT.jsonl [--shape chat|agent|mixed] [--seed N] [--sessions N]`` writes
 one JSON object per request (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids`` chained
 512-token prefix-block ids, dense in order of first appearance), readable by ``tierkv replay``.
 
@@ -123,7 +123,7 @@ def write_synthetic(path: str | Path, shape: str, seed: int = 7, sessions: int =
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tierkv.scheduler._synth", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tierkv.lab.synth", description=__doc__.splitlines()[0])
     ap.add_argument("out")
     ap.add_argument("--shape", default="chat", choices=SHAPES)
     ap.add_argument("--seed", type=int, default=7)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierkv.scheduler._policies import (
+from tierkv.lab.policies import (
     ArcPolicy,
     BeladyPolicy,
     LfuPolicy,
@@ -21,7 +21,7 @@ from tierkv.scheduler._policies import (
     TinyLfuPolicy,
     next_use_index,
 )
-from tierkv.scheduler._replay import (
+from tierkv.lab.replay import (
     ABLATIONS,
     POLICIES,
     add_gap_closed,
@@ -31,7 +31,7 @@ from tierkv.scheduler._replay import (
     replay,
     truncate,
 )
-from tierkv.scheduler._synth import SHAPES, synthetic_requests, write_synthetic
+from tierkv.lab.synth import SHAPES, synthetic_requests, write_synthetic
 
 DATA = Path(__file__).parent / "data" / "traces"
 SLICE = DATA / "mooncake_conversation_slice300.jsonl"
@@ -211,6 +211,26 @@ def test_cli_json_and_plot(tmp_path: Path) -> None:
     for f in bel:
         assert bel[f]["block_hit_rate"] >= lru[f]["block_hit_rate"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tierkv_command_runs_the_lab_replay(tmp_path: Path) -> None:
+    """``python -m tierkv replay`` reaches the lab through the CLI's lazy import, same figures as ``main``."""
+    import subprocess
+    import sys
+
+    out, direct = tmp_path / "cli.json", tmp_path / "direct.json"
+    args = [str(SLICE), "--capacity", "10%", "--policies", "lru,tierkv", "--no-progress"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tierkv", "replay", *args, "--json", str(out)], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert main([*args, "--json", str(direct)]) == 0
+
+    def rates(path: Path) -> list[tuple[str, float, float]]:
+        rows = json.loads(path.read_text())["results"]
+        return [(r["policy"], r["block_hit_rate"], r["prefix_hit_rate"]) for r in rows]
+
+    assert rates(out) == rates(direct) and len(rates(out)) == 2
 
 
 def test_cli_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -42,11 +42,24 @@ from typing import Any
 
 import numpy as np
 
-from ._base import Codec
-from ._cachegen import DEFAULT_LEVEL, LEVELS, CacheGenCodec, int8_codec
-from ._choice import CodecCandidate, break_even_bandwidth
-from ._format import decode_block, encode_block
-from ._lossless import Lz4Codec, RawCodec, ZstdCodec
+from tierkv.codecs import (
+    DEFAULT_LEVEL,
+    LEVELS,
+    CacheGenCodec,
+    Codec,
+    CodecCandidate,
+    Lz4Codec,
+    RawCodec,
+    ZstdCodec,
+    break_even_bandwidth,
+    decode_block,
+    encode_block,
+    int8_codec,
+)
+from tierkv.codecs._profile import quantize_profile
+from tierkv.demo.sharegpt import sharegpt_conversations
+from tierkv.demo.smollm2 import load_smollm2
+from tierkv.integrations.transformers import chat_prompt_ids, kv_to_cache, prefill
 
 __all__ = ["main"]
 
@@ -77,8 +90,6 @@ def fisher_profile_codes(loaded: Any, prompts: list[list[int]], continuation: in
     """
     import torch
 
-    from .._hf import kv_to_cache, prefill
-
     model = loaded.model
     params = inspect.signature(model.forward).parameters
     cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -107,8 +118,6 @@ def _continuation_logprobs(model: Any, kv: Any, tokens: Sequence[int]) -> Any:
     """Log-probabilities after each of ``tokens`` fed teacher-forced on top of ``kv`` (L,2,P,H,D)."""
     import torch
 
-    from .._hf import kv_to_cache
-
     cache = kv_to_cache(kv)
     params = inspect.signature(model.forward).parameters
     cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -120,8 +129,6 @@ def _continuation_logprobs(model: Any, kv: Any, tokens: Sequence[int]) -> Any:
 def _greedy(model: Any, kv: Any, first: int, n: int) -> list[int]:
     """Greedy continuation of ``n`` tokens from ``kv`` starting with ``first`` (EOS does not stop it)."""
     import torch
-
-    from .._hf import kv_to_cache
 
     cache = kv_to_cache(kv)
     params = inspect.signature(model.forward).parameters
@@ -136,8 +143,6 @@ def _greedy(model: Any, kv: Any, first: int, n: int) -> list[int]:
 
 
 def _prompts(tokenizer: Any, n: int, seed: int, prompt_tokens: int) -> list[list[int]]:
-    from .._hf import chat_prompt_ids, sharegpt_conversations
-
     convs = sharegpt_conversations(n, min_turns=3, min_chars=2000, seed=seed)
     out = []
     for turns in convs:
@@ -150,8 +155,6 @@ def _prompts(tokenizer: Any, n: int, seed: int, prompt_tokens: int) -> list[list
 
 def profile_group_order(codes: Any, blocks: Any, block_tokens: int = 128) -> Any:
     """Groups sorted (stable) by their mean absolute centred symbol at the default level over full blocks."""
-    from ._profile import quantize_profile
-
     shift = CacheGenCodec(level=DEFAULT_LEVEL).code_shift
     total = None
     for block in blocks:
@@ -188,8 +191,6 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
 
     import torch
-
-    from .._hf import load_smollm2, prefill
 
     torch.manual_seed(0)
     loaded = load_smollm2("float32")

