@@ -169,7 +169,9 @@ async def test_service_survives_victims_leaving_the_index(tmp_path: Path) -> Non
         assert kv.failed_jobs == 0
 
 
-async def run_random_workload(tmp_path: Path, *, tasks: int, seconds: float, seed: int) -> dict[str, int]:
+async def run_random_workload(
+    tmp_path: Path, *, tasks: int, seconds: float, seed: int, policy: str = "lru"
+) -> dict[str, int]:
     """The randomized concurrency run of the acceptance list: dram + nvme + pfs at small
     capacities, the service running, put/get/lookup/invalidate with tiny deadlines."""
     cfg = config(
@@ -185,6 +187,7 @@ async def run_random_workload(tmp_path: Path, *, tasks: int, seconds: float, see
             },
             pfs_tier(tmp_path, 16 * BLOCK),
         ],
+        scheduler={"policy": policy},
     )
     counts = {"ops": 0, "cancelled": 0, "typed_errors": 0, "hits": 0}
     wrong: list[str] = []
@@ -232,12 +235,33 @@ async def run_random_workload(tmp_path: Path, *, tasks: int, seconds: float, see
     return counts
 
 
-async def test_random_concurrency_invariants(tmp_path: Path) -> None:
-    await run_random_workload(tmp_path, tasks=64, seconds=8.0, seed=1)
+@pytest.mark.parametrize("policy", ["lru", "predictive"])
+async def test_random_concurrency_invariants(tmp_path: Path, policy: str) -> None:
+    await run_random_workload(tmp_path, tasks=64, seconds=6.0, seed=1, policy=policy)
 
 
 @pytest.mark.slow
 async def test_random_concurrency_invariants_long(tmp_path: Path) -> None:
-    seconds = float(os.environ.get("TIERKV_SOAK_S", "80"))  # 2 seeds x 2 event loops: >= 5 min in all
-    for seed in (2, 3):
-        await run_random_workload(tmp_path / str(seed), tasks=64, seconds=seconds, seed=seed)
+    seconds = float(os.environ.get("TIERKV_SOAK_S", "80"))  # 2 runs x 2 event loops: >= 5 min in all
+    for seed, policy in ((2, "lru"), (3, "predictive")):
+        await run_random_workload(tmp_path / str(seed), tasks=64, seconds=seconds, seed=seed, policy=policy)
+
+
+async def test_parents_never_rank_below_their_descendants(tmp_path: Path) -> None:
+    """Predictive ranking: within a request a parent's eviction key is at least its child's
+    (a child is useless without its parent), whatever the predictor thinks of each cell."""
+    cfg = config(
+        tmp_path, [{"name": "dram", "backend": "dram", "capacity": 64 * BLOCK}], scheduler={"policy": "predictive"}
+    )
+    kv = await TierKV.open(cfg)
+    try:
+        for fam in range(6):
+            await kv.put(base_tokens(fam, 5 * BT), base_kv(fam, 5 * BT))
+            for _ in range(fam % 3):
+                await kv.get(base_tokens(fam, (2 + fam % 3) * BT))
+        for fam in range(6):
+            _, keys, _ = kv._s.keys(base_tokens(fam, 5 * BT), None)
+            ranks = [kv._index[k.hex()].rank for k in keys]
+            assert ranks == sorted(ranks, reverse=True), (fam, ranks)
+    finally:
+        await kv.aclose()

@@ -73,6 +73,7 @@ class Durable:
                 if self.s.tiers[ti].backend.capabilities.persistent:
                     e.backing = ti
                 self.s.index.adopt(e, root)
+                e.rank = self.s.mover.rank_of(e)
                 self.s.tiers[ti].place(e)
                 written = True
             else:

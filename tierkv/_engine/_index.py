@@ -23,6 +23,7 @@ import numpy as np
 from .._backend import Backend
 from ..codecs import TierCodec
 from ..scheduler import CircuitBreaker
+from ..scheduler._buckets import RankQueue
 from ._tags import ZERO32, root_of, unpack_tag
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class Entry:
         "parent",
         "pins",
         "pos",
+        "rank",
         "t_last",
         "tag",
         "tenant",
@@ -93,6 +95,8 @@ class Entry:
         self.count = 0
         self.children = 0
         self.t_last = 0.0
+        #: quantised eviction key (the mover's ``rank_of``), kept in its tier's ``queue``
+        self.rank = 0
         self.label: int | None = None
         self.p_pred = 0.0
         #: the raw bytes on exact tiers (checked against ``crc``) are the original bits; False once
@@ -121,6 +125,7 @@ class Tier:
         "misses",
         "name",
         "promotions",
+        "queue",
         "room_lock",
         "tenant_bytes",
     )
@@ -142,6 +147,8 @@ class Tier:
         self.high = high
         self.low = low
         self.lru: OrderedDict[str, None] = OrderedDict()
+        #: serving copies ranked by their entries' eviction keys (the predictive order)
+        self.queue: RankQueue[str] = RankQueue()
         #: keys whose *durable copy* (not their serving copy) is on this tier
         self.backed: set[str] = set()
         self.hits = self.misses = self.bytes_in = self.bytes_out = 0
@@ -158,13 +165,15 @@ class Tier:
     # Residency: the only mutators of ``lru`` (serving copies) and ``backed`` (durable-only
     # copies); they keep ``tenant_bytes`` exact for the quotas.
     def place(self, e: Entry) -> None:
-        """``e`` is served from this tier (most recently used)."""
+        """``e`` is served from this tier (most recently used, ranked by ``e.rank``)."""
         self.lru[e.key] = None
+        self.queue.set(e.key, e.rank)
         self._charge(e, False)
 
     def unplace(self, key: str) -> None:
         if key in self.lru:
             del self.lru[key]
+            self.queue.discard(key)
             self._refund(key, False)
 
     def back(self, e: Entry) -> None:
@@ -244,9 +253,11 @@ class Index:
             self.roots_any[root[:8]] = self.roots_any.get(root[:8], 0) + 1
 
     def touch(self, e: Entry) -> None:
-        lru = self.s.tiers[e.tier].lru
-        if e.key in lru:
-            lru.move_to_end(e.key)
+        """``e`` was accessed: most recently used on its serving tier, ranked by ``e.rank``."""
+        t = self.s.tiers[e.tier]
+        if e.key in t.lru:
+            t.lru.move_to_end(e.key)
+            t.queue.set(e.key, e.rank)
 
     @contextlib.contextmanager
     def pinned(self, entries: Sequence[Entry]) -> Iterator[None]:

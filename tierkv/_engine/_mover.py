@@ -13,8 +13,9 @@ May not touch: the public API, the put/get paths' own bookkeeping.
 from __future__ import annotations
 
 import logging
+import math
 import zlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.lowlevel
@@ -26,7 +27,8 @@ from .._errors import (
     CapacityError,
     IntegrityError,
 )
-from .._placement import bytes_to_shed, lower_tier, select_victims
+from .._placement import bytes_to_shed, lower_tier
+from ..scheduler._buckets import quantize
 from ._index import Entry, pbin
 from ._tags import retag, tag_exact, unpack_tag
 
@@ -37,12 +39,16 @@ log = logging.getLogger("tierkv")
 
 __all__ = ["Mover"]
 
+_LN4 = math.log(4.0)
+
 
 class Mover:
     """Moves blocks between tiers and out of the store (see the module docstring)."""
 
     def __init__(self, s: Store) -> None:
         self.s = s
+        self._tau = s.sched.tau_s
+        self._importance: Any = None
 
     async def allocate_with_room(self, ti: int, key: str, nbytes: int, tag: bytes) -> Allocation:
         """Allocate ``nbytes`` for ``key`` on tier ``ti``, shedding its lowest-ranked blocks
@@ -79,35 +85,84 @@ class Mover:
         if need > 0:
             await self.shed(ti, need)
 
-    def eviction_order(self, ti: int) -> list[str]:
-        """Keys of tier ``ti`` in the order they should leave it (call under the lock).
-
-        LRU policy: least recently used first. Predictive policy: lowest
-        ``ln P(reuse) + t_last / tau`` first; at the bottom tier, protected
-        high-fanout prefixes go last."""
-        tier = self.s.tiers[ti]
-        backed = sorted(
-            (k for k in tier.backed if k in self.s.index.entries), key=lambda k: self.s.index.entries[k].t_last
-        )
-        if self.s.sched.policy == "lru":
-            return [*tier.lru, *backed]
+    def rank_of(self, e: Entry) -> int:
+        """The quantised eviction key of ``e`` (higher stays), computed when it is placed or
+        accessed: ``ln P(reuse | cell) + t_last / tau`` (+ the answer-length delta), plus the
+        head-importance of its position when the engine reports attention, plus ln 4 for a
+        high-fanout prefix (a protected shared prefix). Under the LRU policy the order is the
+        tiers' recency lists and this key is not used."""
         sched = self.s.sched
-        bottom = lower_tier(self.s.loads(), ti) is None
-        # head-granular importance reported by the engine lifts the blocks that
-        # attention actually uses (weighted aggregate over heads, per position)
+        key = sched.priority(e.cell, e.t_last)
+        imp = self._importance
+        if imp is not None and e.pos < len(imp):
+            key += float(imp[e.pos])
+        if sched.protected(e.children):
+            key += _LN4
+        return quantize(key)
+
+    def rerank(self, e: Entry) -> None:
+        """Recompute ``e``'s key after an access (the caller then touches it in the index)."""
+        if self.s.sched.policy != "lru":
+            e.rank = self.rank_of(e)
+
+    def refresh_ranking(self) -> None:
+        """Re-key every resident block when what the keys depend on changed globally: the
+        adaptive ``tau`` switched (keys computed with different ``tau`` are not comparable)
+        or the engine reported attention (importance per position). O(resident), rare."""
+        sched = self.s.sched
         imp = sched.importance.block_scores() if sched.importance is not None else None
-        keyed = []
-        for k in tier.lru:
-            e = self.s.index.entries.get(k)
-            if e is None:
-                continue
-            prot = 1 if bottom and sched.protected(e.children) else 0
-            score = sched.priority(e.cell, e.t_last)
-            if imp is not None and e.pos < len(imp):
-                score += float(imp[e.pos])
-            keyed.append((prot, score, k))
-        keyed.sort()
-        return [k for _, _, k in keyed] + backed
+        if sched.tau_s == self._tau and imp is self._importance:
+            return
+        self._tau, self._importance = sched.tau_s, imp
+        if sched.policy == "lru":
+            return
+        for e in self.s.index.entries.values():
+            e.rank = self.rank_of(e)
+            t = self.s.tiers[e.tier]
+            if e.key in t.queue:
+                t.queue.set(e.key, e.rank)
+
+    def pick_victims(self, ti: int, need: int, tenant: bytes | None = None) -> list[Entry]:
+        """Tier ``ti``'s blocks that should leave it first, until ``need`` bytes: the least
+        recently used (LRU policy) or lowest-keyed (predictive) serving copies, then the
+        durable-only copies, oldest access first. Pinned blocks, blocks being relocated and
+        (with ``tenant``) other tenants' blocks are passed over. Costs O(victims + passed
+        over) per call, not O(tier): the ranking is kept up to date on access."""
+        tier = self.s.tiers[ti]
+        index = self.s.index.entries
+        victims: list[Entry] = []
+        freed = 0
+
+        def usable(k: str) -> Entry | None:
+            e = index.get(k)
+            if e is None or e.pins or e.moving or (tenant is not None and e.tenant[:16] != tenant):
+                return None
+            return e
+
+        if self.s.sched.policy == "lru":
+            for k in tier.lru:
+                if freed >= need:
+                    break
+                e = usable(k)
+                if e is not None:
+                    victims.append(e)
+                    freed += e.nbytes
+        else:
+
+            def want(k: str) -> int | None:
+                e = usable(k)
+                return None if e is None else e.nbytes
+
+            for k in tier.queue.pick(want, need):
+                victims.append(index[k])
+                freed += index[k].nbytes
+        if freed < need and tier.backed:
+            for e in sorted((x for k in tier.backed if (x := usable(k)) is not None), key=lambda x: x.t_last):
+                if freed >= need:
+                    break
+                victims.append(e)
+                freed += e.nbytes
+        return victims
 
     async def shed(self, ti: int, need: int, *, tenant: bytes | None = None) -> int:
         """Move (or, at the bottom, drop) enough of tier ``ti``'s lowest-ranked blocks to free
@@ -118,19 +173,8 @@ class Mover:
         another task is relocating are skipped, and a victim that left the index or tier
         ``ti`` before its turn is passed over (a concurrent invalidate, evict or move).
         The relocations are shielded: a cancelled caller never leaves half a move behind."""
-        tier = self.s.tiers[ti]
         index = self.s.index.entries
-        sizes: dict[str, int] = {}
-        busy: list[str] = []
-        for k in (*tier.lru, *tier.backed):
-            e = index.get(k)
-            if e is None or (tenant is not None and e.tenant[:16] != tenant):
-                continue
-            sizes[k] = e.nbytes
-            if e.pins or e.moving:
-                busy.append(k)
-        chosen = select_victims(self.eviction_order(ti), sizes, need, busy)
-        victims = [index[k] for k in chosen]
+        victims = self.pick_victims(ti, need, tenant)
         freed = 0
         with self.s.index.pinned(victims), anyio.CancelScope(shield=True):
             dest = lower_tier(self.s.loads(), ti)

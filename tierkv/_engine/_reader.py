@@ -173,7 +173,7 @@ class Reader:
                         self.s.service.submit(Promote(e.key, dst))
 
     def record_access(self, entries: list[Entry], prompt_blocks: int, leading_seen: int) -> None:
-        """Feed the predictor with one request's blocks (call under the index lock).
+        """Feed the predictor with one request's blocks and re-rank them (synchronous).
 
         Blocks are touched leaf first with increasing timestamps so that a
         parent always ranks at least as high as its descendants."""
@@ -182,6 +182,9 @@ class Reader:
         pred = sched.predictor
         n = len(entries)
         tel = self.s.tel
+        mover = self.s.mover
+        ranked = sched.policy != "lru"
+        floor = -(1 << 62)  # parents never rank below their descendants (a child is useless alone)
         for i in range(n - 1, -1, -1):
             e = entries[i]
             if e.count and tel.enabled:  # resolve the previous prediction: reused within the horizon?
@@ -200,9 +203,15 @@ class Reader:
             e.p_pred = sched.p_reuse(e.cell)
             pred.observe(now, e.bid, e.cell)
             sched.observe_ranked(e.bid, e.cell, now)
+            if ranked:
+                mover.rerank(e)
+                if e.rank < floor:
+                    e.rank = floor
+                floor = e.rank
             self.s.index.touch(e)
         pred.advance(now)
         sched.end_request(now)
+        mover.refresh_ranking()  # the adaptive tau may have switched
 
     async def read_blocks(self, entries: list[Entry], served: list[int]) -> list[memoryview | BaseException]:
         """Read every entry's bytes, batched per tier; a failure is returned in
