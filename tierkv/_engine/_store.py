@@ -6,7 +6,7 @@ state, telemetry, tenant names and quotas, and the few primitives that translate
 block between its raw bytes and what a tier stores (codec encode/decode, ``read_raw``,
 ``drop_copy``), feed a tier's circuit breaker (``tier_failed``), and trace a
 placement decision (``decided``). The collaborators hang off it: ``index``,
-``mover``, ``quotas``, ``durable``, ``reader``, ``service``, ``ckpt``, ``staging``;
+``mover``, ``quotas``, ``durable``, ``reader``, ``service``, ``ckpt``, ``staging``, ``hints``;
 each is constructed here and reaches the others through it.
 
 May not touch: the public API (``tierkv.TierKV`` is the front over this).
@@ -43,6 +43,7 @@ from ..codecs import TierCodec
 from ..scheduler import placement_value
 from ._checkpoint import Checkpoints
 from ._durable import Durable
+from ._hints import Hints
 from ._index import Entry, Index, Tier
 from ._mover import Mover
 from ._quotas import Quotas
@@ -111,6 +112,7 @@ class Store:
         self.service = Service(self)
         self.ckpt = Checkpoints(self)
         self.staging = Staging(self)
+        self.hints = Hints(self)
         self.tel.register_tier_gauges(self.gauge_rows)
 
     def check_open(self) -> None:

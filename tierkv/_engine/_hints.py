@@ -1,0 +1,187 @@
+"""What the engine tells the scheduler: hints, prefetches and attention reports.
+
+Owns: validating and applying ``hint`` (transition labels, the tool-call Markov chain
+and its reservations and prefetches, decode-position prefetch, answer lengths),
+``prefetch`` (promotions of the blocks a decode position will need) and
+``report_attention`` (head importance and the prefetch window per layer class).
+Never blocks and does no I/O except the promotions ``prefetch`` runs without the service.
+
+May not touch: the put/get paths.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .._errors import InputError
+from .._keys import to_token_array
+from ..scheduler import PrefetchWindow
+from ._service import Promote, Reserve
+
+if TYPE_CHECKING:
+    from ._store import Store
+
+__all__ = ["Hints"]
+
+
+class Hints:
+    """Engine hints to the scheduler (see the module docstring)."""
+
+    def __init__(self, s: Store) -> None:
+        self.s = s
+
+    def hint(
+        self,
+        *,
+        transition: str | None = None,
+        tool: str | None = None,
+        decode_position: int | None = None,
+        tokens: object = None,
+        tenant: str | None = None,
+        response_tokens: int | None = None,
+    ) -> None:
+        """Tell the scheduler what the engine knows (never blocks, no I/O).
+
+        * ``transition`` (``same_tool_repeat``, ``tool_switch``,
+          ``reasoning_step``, ``agent_handoff``) labels the next request's
+          blocks for the reuse predictor;
+        * ``tool`` names the tool the agent calls now: the Markov chain counts
+          the transition from the previous tool, and when it predicts the next
+          tool with probability >= 0.5 the service reserves room in the fastest
+          tier for that tool's KV profile and prefetches its context blocks
+          (those put with ``block_type="tool_context"`` while it was the current
+          tool), and the head-importance multipliers are reset for the switch;
+        * ``decode_position`` with ``tokens``: prefetch the blocks covering
+          ``[n, n + w]`` (RoPE-aware window, see :meth:`prefetch`);
+        * ``response_tokens``: the engine has *finished* answering the most
+          recent request (``put``/``get``) with this many tokens. Call it at
+          completion, not before: the eviction ranking re-weights that request's
+          blocks by the learned reuse rate of its answer-length class and counts
+          their recency from now (``SchedulerState.respond``; the replay lab's
+          ``tierkv`` policy does the same). Repeated calls for one request are
+          ignored.
+
+        Raises ConfigError for an unknown transition label; InputError (nothing changed)
+        for a ``transition`` or ``tool`` that is not a non-empty string, a
+        ``decode_position`` or ``response_tokens`` that is not an int >= 0, a
+        ``decode_position`` without ``tokens`` (or ``tokens`` without it), a bad tenant.
+        """
+        sched = self.s.sched
+        for field, value in (("transition", transition), ("tool", tool)):
+            if value is not None and (not isinstance(value, str) or not value or len(value) > 256):
+                raise InputError(f"hint {field}: expected a non-empty string of at most 256 characters, got {value!r}")
+        if decode_position is not None:
+            if isinstance(decode_position, bool) or not isinstance(decode_position, int) or decode_position < 0:
+                raise InputError(f"hint decode_position: expected an int >= 0, got {decode_position!r}")
+            if tokens is None:
+                raise InputError("hint decode_position: needs the request's tokens (tokens=...)")
+        if tokens is not None and decode_position is None:
+            raise InputError("hint tokens: only meaningful with decode_position")
+        if tenant is not None:
+            self.s.scope_digest(tenant)  # validates it
+        if response_tokens is not None:
+            if isinstance(response_tokens, bool) or not isinstance(response_tokens, int) or response_tokens < 0:
+                raise InputError(f"response_tokens: expected an int >= 0, got {response_tokens!r}")
+            sched.respond(response_tokens)
+        if transition is not None:
+            sched.transition = sched.transition_index(transition)
+        if tool is not None:
+            prev = sched.tool
+            if prev is not None:
+                sched.chain.observe_transition(prev, tool)
+            sched.tool = tool
+            pred = sched.chain.predict(tool)
+            if pred is not None and pred[1] >= 0.5:
+                nxt, p = pred
+                reserve = sched.chain.reservation(tool)
+                if reserve:
+                    self.s.service.submit(Reserve(reserve))
+                for key in self.s.tool_blocks.get(nxt, []):
+                    self.s.service.submit(Promote(key, 0, prefetch=True))
+                if sched.importance is not None:
+                    sched.importance.set_multipliers(None)
+                self.s.tel.decision(
+                    "predicted_switch", {"tierkv.tool": tool, "tierkv.next_tool": nxt, "tierkv.probability": p}
+                )
+        if decode_position is not None and tokens is not None:
+            self.prefetch_keys(tokens, decode_position, tenant)
+
+    def prefetch_keys(self, tokens: object, decode_position: int, tenant: str | None) -> list[str]:
+        if isinstance(decode_position, bool) or not isinstance(decode_position, int) or decode_position < 0:
+            raise InputError(f"decode_position: expected an int >= 0, got {decode_position!r}")
+        _, keys, _ = self.s.keys(tokens, tenant)
+        sched = self.s.sched
+        if sched.prefetch_window is None:
+            sched.prefetch_window = PrefetchWindow(self.s.block_tokens, min_window=self.s.block_tokens)
+        wanted = [keys[i].hex() for i in sched.prefetch_window.blocks(decode_position, total_blocks=len(keys))]
+        out = []
+        for k in wanted:
+            e = self.s.index.entries.get(k)
+            if e is not None and e.tier > 0:
+                self.s.service.submit(Promote(k, 0, prefetch=True))
+                out.append(k)
+        return out
+
+    async def prefetch(self, tokens: object, *, decode_position: int = 0, tenant: str | None = None) -> int:
+        """Promote the blocks covering ``[decode_position, decode_position + w]``
+        of ``tokens`` into the fastest tier ahead of need; ``w`` adapts per layer
+        class from the attention spans reported with :meth:`report_attention`.
+
+        With the scheduler service running this only queues the promotions and
+        returns at once; without it the promotions run now. Returns the number
+        of blocks scheduled (or promoted). Raises TokensError, InputError.
+        """
+        self.s.check_open()
+        with self.s.tel.timed("prefetch") as span:
+            keys = self.prefetch_keys(tokens, decode_position, tenant)
+            done = len(keys)
+            if not self.s.service.running:
+                done = 0
+                for k in keys:
+                    e = self.s.index.entries.get(k)
+                    if e is not None and await self.s.mover.promote_if_room(e, 0, "prefetch"):
+                        done += 1
+            if span is not None and span.is_recording():
+                _, tid = self.s.scope_digest(tenant)
+                span.set_attributes(
+                    {
+                        "tierkv.decode_position": decode_position,
+                        "tierkv.blocks": done,
+                        "tierkv.tokens": len(to_token_array(tokens)),
+                        "tierkv.tenant": tid.hex(),
+                    }
+                )
+        return done
+
+    def report_attention(
+        self,
+        layer: int,
+        head_scores: Any,
+        positions: Any,
+        query_pos: int,
+        *,
+        layer_class: str = "global",
+    ) -> None:
+        """Report one layer's attention statistics (``head_scores``: query heads x
+        attended positions) at decode position ``query_pos``: updates the
+        head-granular EMA importance and the prefetch window of ``layer_class``
+        (``"local"`` for sliding-window layers, ``"global"`` otherwise)."""
+        from ..scheduler import HeadImportance, attention_span
+
+        sched = self.s.sched
+        spec = self.s.spec
+        if sched.importance is None:
+            sched.importance = HeadImportance(
+                spec.kv_layers,
+                spec.num_attention_heads,
+                spec.num_kv_heads,
+                block_tokens=self.s.block_tokens,
+                mla=spec.attention == "mla",
+            )
+        sched.importance.report_attention(layer, head_scores, positions, query_pos)
+        if sched.prefetch_window is None:
+            sched.prefetch_window = PrefetchWindow(self.s.block_tokens, min_window=self.s.block_tokens)
+        scores = np.asarray(head_scores).max(axis=0)
+        sched.prefetch_window.observe_span(layer_class, attention_span(scores, np.asarray(positions), query_pos))
