@@ -126,6 +126,7 @@ class Tier:
         "name",
         "promotions",
         "queue",
+        "ranked",
         "room_lock",
         "tenant_bytes",
     )
@@ -147,8 +148,10 @@ class Tier:
         self.high = high
         self.low = low
         self.lru: OrderedDict[str, None] = OrderedDict()
-        #: serving copies ranked by their entries' eviction keys (the predictive order)
+        #: serving copies ranked by their entries' eviction keys (the predictive order; kept
+        #: only when ``ranked``: under the LRU policy ``lru`` is the order)
         self.queue: RankQueue[str] = RankQueue()
+        self.ranked = True
         #: keys whose *durable copy* (not their serving copy) is on this tier
         self.backed: set[str] = set()
         self.hits = self.misses = self.bytes_in = self.bytes_out = 0
@@ -167,7 +170,8 @@ class Tier:
     def place(self, e: Entry) -> None:
         """``e`` is served from this tier (most recently used, ranked by ``e.rank``)."""
         self.lru[e.key] = None
-        self.queue.set(e.key, e.rank)
+        if self.ranked:
+            self.queue.set(e.key, e.rank)
         self._charge(e, False)
 
     def unplace(self, key: str) -> None:
@@ -257,7 +261,8 @@ class Index:
         t = self.s.tiers[e.tier]
         if e.key in t.lru:
             t.lru.move_to_end(e.key)
-            t.queue.set(e.key, e.rank)
+            if t.ranked:
+                t.queue.set(e.key, e.rank)
 
     @contextlib.contextmanager
     def pinned(self, entries: Sequence[Entry]) -> Iterator[None]:

@@ -73,6 +73,8 @@ class Store:
             Tier(name, tc.backend, b, tc.high_watermark, tc.low_watermark, br, self.sched.max_transfers)
             for (name, b), tc, br in zip(tiers, config.tiers, self.sched.breakers, strict=True)
         ]
+        for t in self.tiers:
+            t.ranked = self.sched.policy != "lru"
         for ti, (t, tc) in enumerate(zip(self.tiers, config.tiers, strict=True)):
             if tc.codec is not None:
                 t.codec = self.make_codec(t, tc.codec)
