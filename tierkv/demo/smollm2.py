@@ -49,6 +49,7 @@ _fingerprints: dict[Path, str] = {}
 
 
 def require(module: str) -> None:
+    """Raise PluginUnavailableError (with the demo's install hint) unless ``module`` is importable."""
     if importlib.util.find_spec(module) is None:
         raise PluginUnavailableError(
             f"the real-model demo needs the Python package {module!r}, which is not installed",

@@ -4,10 +4,10 @@ Public helpers for any ``transformers`` causal LM (the demo uses them on SmolLM2
 
     from tierkv.integrations.transformers import cache_to_kv, generate_greedy, kv_to_cache, prefill
 
-    logits, kv = prefill(model, ids)                    # kv: one tensor (layers, 2, tokens, kv_heads, head_dim)
-    await store.put(ids[0].tolist(), kv.numpy())        # what tierkv stores
-    got = await store.get(ids[0].tolist())
-    tokens, ttft = generate_greedy(model, ids, past_kv=got.kv, max_new_tokens=32)  # prefill only the rest
+    logits, kv = prefill(model, [ids])              # ids: list[int]; kv: (layers, 2, tokens, kv_heads, head_dim)
+    await store.put(ids, kv)                        # store = await tierkv.TierKV.open(config)
+    got = await store.get(followup)                 # the longest stored prefix of a later prompt
+    tokens, ttft = generate_greedy(model, [followup], past_kv=got.kv, max_new_tokens=32)  # prefills the rest
 
 KV layout
     tierkv stores the KV of a sequence as ONE tensor shaped
@@ -57,8 +57,8 @@ class LoadedModel:
 
     ``model`` is a ``transformers`` causal LM in eval mode on the CPU, ``tokenizer`` its
     tokenizer, ``hf_config`` the model's config as a plain JSON-able dict (what
-    ``ModelSpec.from_hf_config`` reads), ``weights_fingerprint`` the sha256 of the GGUF file,
-    ``name``/``revision`` the model identity for the key scope, ``dtype`` the compute dtype
+    ``ModelSpec.from_hf_config`` reads), ``weights_fingerprint`` an identity of the weights (the
+    demo's loader: the sha256 of its GGUF file), ``name``/``revision`` the model identity for the key scope, ``dtype`` the compute dtype
     (which is also the dtype of the KV that :func:`prefill` returns).
     """
 
