@@ -24,7 +24,7 @@ def main() -> None:
     ap.add_argument("--trace", default=str(DEFAULT))
     ap.add_argument("--capacity", type=float, default=0.05)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--policies", default="lru,tinylfu,belady,tierkv")
+    ap.add_argument("--policies", default="lru,tinylfu,belady,tierkv,lab-tierkv")
     args = ap.parse_args()
     tr = load_trace(args.trace)
     cap = max(1, round(args.capacity * tr.distinct))
@@ -36,7 +36,12 @@ def main() -> None:
         for _ in range(args.reps):
             pol = make_policy(name, cap, tr, nu)
             c0 = time.process_time()
-            raw = replay(tr, pol, split_time=float("inf"))
+            try:
+                raw = replay(tr, pol, split_time=float("inf"))
+            finally:
+                close = getattr(pol, "close", None)
+                if close is not None:
+                    close()  # the library policy runs an event-loop thread
             cpu.append(tr.accesses / (time.process_time() - c0))
             wall.append(tr.accesses / raw["seconds"])
         w, c = statistics.median(wall), statistics.median(cpu)

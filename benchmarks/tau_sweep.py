@@ -44,7 +44,7 @@ def main() -> int:
     print(f"{'capacity':>8} {'lru':>7} {'arc':>7} " + " ".join(f"{'tau ' + format(t, 'g'):>8}" for t in taus))
     for frac in (float(c) for c in args.capacity.split(",")):
         base = [prefix_hit_rate(trace, frac, args.split, None, n) for n in ("lru", "arc")]
-        row = [prefix_hit_rate(trace, frac, args.split, TierKVOptions(tau_s=t), "tierkv") for t in taus]
+        row = [prefix_hit_rate(trace, frac, args.split, TierKVOptions(tau_s=t), "lab-tierkv") for t in taus]
         print(f"{frac:>8.0%} {base[0]:>7.4f} {base[1]:>7.4f} " + " ".join(f"{v:>8.4f}" for v in row), flush=True)
     return 0
 

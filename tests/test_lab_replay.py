@@ -167,7 +167,7 @@ def test_optgen_matches_belady_on_unit_requests() -> None:
 
 
 def test_ablation_options() -> None:
-    assert set(ABLATIONS) >= {"tierkv-no-predictor", "tierkv-no-prefix-tree", "tierkv-no-bypass"}
+    assert set(ABLATIONS) >= {"lab-tierkv-no-predictor", "lab-tierkv-no-prefix-tree", "lab-tierkv-no-bypass"}
     assert not TierKVOptions(predictor=False).predictor
 
 
@@ -310,7 +310,7 @@ def test_synthetic_traces_are_valid_mooncake(tmp_path: Path, shape: str) -> None
         synthetic_requests("nope")
 
 
-def test_tierkv_above_lru_on_synthetic_chat() -> None:
+def test_lab_tierkv_above_lru_on_synthetic_chat() -> None:
     tr_rows = synthetic_requests("chat", seed=5, sessions=1500)
     reqs = [r["hash_ids"] for r in tr_rows]
     times = [r["timestamp"] / 1000 for r in tr_rows]
@@ -328,4 +328,4 @@ def test_tierkv_above_lru_on_synthetic_chat() -> None:
                     lead += lo
                     acc += len(r)  # type: ignore[arg-type]
             scores[pol.name] = lead / acc
-        assert scores["tierkv"] >= scores["lru"], (frac, scores)
+        assert scores["lab-tierkv"] >= scores["lru"], (frac, scores)

@@ -172,4 +172,4 @@ def test_session_policy_not_below_lru_on_synthetic_multiturn(gap: str) -> None:
                     lead += lo
                     acc += len(r)
             scores[pol.name] = lead / acc
-        assert scores["tierkv"] >= 0.95 * scores["lru"], (gap, frac, scores)
+        assert scores["lab-tierkv-session"] >= 0.95 * scores["lru"], (gap, frac, scores)

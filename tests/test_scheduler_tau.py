@@ -138,7 +138,7 @@ def test_replay_policy_adapts_tau_on_the_mixed_shape() -> None:
     distinct = len({b for r in rows for b in r["hash_ids"]})  # type: ignore[union-attr]
     cap = max(8, round(0.01 * distinct))
     adaptive = TierKVPolicy(cap)
-    fixed = TierKVPolicy(cap, ABLATIONS["tierkv-fixed-tau"])  # type: ignore[arg-type]
+    fixed = TierKVPolicy(cap, ABLATIONS["lab-tierkv-fixed-tau"])  # type: ignore[arg-type]
     lru = LruPolicy(cap)
     s_ad, s_fx, s_lru = _score(adaptive, rows), _score(fixed, rows), _score(lru, rows)
     assert adaptive.tau_trace and adaptive.tau < 300.0  # moved to a shorter tau on this shape
@@ -147,7 +147,7 @@ def test_replay_policy_adapts_tau_on_the_mixed_shape() -> None:
 
 
 def test_fixed_tau_ablation_is_the_policy_without_shadows() -> None:
-    assert ABLATIONS["tierkv-fixed-tau"] == TierKVOptions(shadow_taus=())
+    assert ABLATIONS["lab-tierkv-fixed-tau"] == TierKVOptions(shadow_taus=())
     rows = synthetic_requests("chat", seed=2, sessions=300)
     a = TierKVPolicy(40, TierKVOptions(shadow_taus=()))
     b = TierKVPolicy(40, TierKVOptions(shadow_taus=(300.0,)))  # one candidate: never switches

@@ -79,6 +79,7 @@ from .policies import (
     TinyLfuPolicy,
     next_use_index,
 )
+from .policies.library import LibraryPolicy
 
 __all__ = [
     "ABLATIONS",
@@ -92,29 +93,35 @@ __all__ = [
     "truncate",
 ]
 
-POLICIES: tuple[str, ...] = ("lru", "lfu", "arc", "s3fifo", "tinylfu", "belady", "tierkv")
+#: ``tierkv`` is the shipped library itself (:class:`~tierkv.lab.policies.library.LibraryPolicy`: a real
+#: TierKV with its default policy); ``tierkv-predictive`` the library with ``scheduler.policy =
+#: "predictive"``; ``lab-tierkv`` the lab's research prototype (OPTgen labels, bypass, quick-step,
+#: x4 shared prefixes), which the library does not run.
+POLICIES: tuple[str, ...] = ("lru", "lfu", "arc", "s3fifo", "tinylfu", "belady", "tierkv", "lab-tierkv")
+#: policies run only when named
+EXTRA_POLICIES: tuple[str, ...] = ("tierkv-predictive",)
 ABLATIONS: dict[str, SessionOptions | TierKVOptions] = {
-    "tierkv-no-predictor": TierKVOptions(predictor=False),
-    "tierkv-no-prefix-tree": TierKVOptions(prefix_tree=False),
-    "tierkv-no-fanout": TierKVOptions(fanout=False),
-    "tierkv-no-bypass": TierKVOptions(bypass=False),
-    "tierkv-no-size": TierKVOptions(size=False),
-    "tierkv-no-decay": TierKVOptions(decay=False),
-    "tierkv-no-optgen": TierKVOptions(optgen=False),
-    "tierkv-no-quick-step": TierKVOptions(quick_step=0.0),
-    "tierkv-no-shape": TierKVOptions(shape=False),
-    "tierkv-no-response": TierKVOptions(response=False),
-    "tierkv-no-completion": TierKVOptions(completion=False),
-    "tierkv-no-response-signal": TierKVOptions(response=False, completion=False),
-    "tierkv-fixed-tau": TierKVOptions(shadow_taus=()),
+    "lab-tierkv-no-predictor": TierKVOptions(predictor=False),
+    "lab-tierkv-no-prefix-tree": TierKVOptions(prefix_tree=False),
+    "lab-tierkv-no-fanout": TierKVOptions(fanout=False),
+    "lab-tierkv-no-bypass": TierKVOptions(bypass=False),
+    "lab-tierkv-no-size": TierKVOptions(size=False),
+    "lab-tierkv-no-decay": TierKVOptions(decay=False),
+    "lab-tierkv-no-optgen": TierKVOptions(optgen=False),
+    "lab-tierkv-no-quick-step": TierKVOptions(quick_step=0.0),
+    "lab-tierkv-no-shape": TierKVOptions(shape=False),
+    "lab-tierkv-no-response": TierKVOptions(response=False),
+    "lab-tierkv-no-completion": TierKVOptions(completion=False),
+    "lab-tierkv-no-response-signal": TierKVOptions(response=False, completion=False),
+    "lab-tierkv-fixed-tau": TierKVOptions(shadow_taus=()),
     # experimental renewal-process policy (SessionPolicy) and its ablations
-    "tierkv-session": SessionOptions(),
-    "tierkv-session-no-hazard": SessionOptions(hazard=False),
-    "tierkv-session-no-classes": SessionOptions(classes=False),
-    "tierkv-session-no-density": SessionOptions(density=False),
-    "tierkv-session-no-prefix-tree": SessionOptions(prefix_tree=False),
-    "tierkv-session-no-bypass": SessionOptions(bypass=False),
-    "tierkv-session-no-tail": SessionOptions(tail=False),
+    "lab-tierkv-session": SessionOptions(),
+    "lab-tierkv-session-no-hazard": SessionOptions(hazard=False),
+    "lab-tierkv-session-no-classes": SessionOptions(classes=False),
+    "lab-tierkv-session-no-density": SessionOptions(density=False),
+    "lab-tierkv-session-no-prefix-tree": SessionOptions(prefix_tree=False),
+    "lab-tierkv-session-no-bypass": SessionOptions(bypass=False),
+    "lab-tierkv-session-no-tail": SessionOptions(tail=False),
 }
 # (latency s, bandwidth bytes/s): HBM local; DRAM over PCIe 5 x16; NVMe Gen4 SSD.
 _TIER_COST: dict[str, tuple[float, float]] = {
@@ -197,7 +204,9 @@ def make_policy(name: str, capacity: int, trace: Trace, next_uses: list[list[int
         "arc": ArcPolicy,
         "s3fifo": S3FifoPolicy,
         "tinylfu": TinyLfuPolicy,
-        "tierkv": TierKVPolicy,
+        "lab-tierkv": TierKVPolicy,
+        "tierkv": LibraryPolicy,
+        "tierkv-predictive": lambda c: LibraryPolicy(c, policy="predictive", name="tierkv-predictive"),
     }
     if name in simple:
         return simple[name](capacity)
@@ -208,7 +217,7 @@ def make_policy(name: str, capacity: int, trace: Trace, next_uses: list[list[int
         if isinstance(opts, TierKVOptions):
             return TierKVPolicy(capacity, opts, name=name)
         return SessionPolicy(capacity, opts, name=name)
-    raise ValueError(f"unknown policy {name!r}; known: {', '.join((*POLICIES, *ABLATIONS))}")
+    raise ValueError(f"unknown policy {name!r}; known: {', '.join((*POLICIES, *EXTRA_POLICIES, *ABLATIONS))}")
 
 
 class _Progress:
@@ -411,7 +420,7 @@ def _plot(results: list[dict[str, Any]], path: str, title: str) -> None:
     for name, pts in by_policy.items():
         pts.sort()
         xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-        if name.startswith("tierkv-"):  # ablations: thin grey, labelled at their last point
+        if name.startswith("lab-tierkv-"):  # ablations: thin grey, labelled at their last point
             ax.plot(xs, ys, ":", color="0.6", lw=0.9)
             ax.annotate(name[7:], (xs[-1], ys[-1]), fontsize=6, color="0.4", xytext=(3, 0), textcoords="offset points")
         else:
@@ -450,7 +459,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--trace-block-tokens", type=int, default=512)
     ap.add_argument("--capacity", default="1%,5%,10%")
     ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--ablations", action="store_true", help="also run tierkv with each component off")
+    ap.add_argument("--ablations", action="store_true", help="also run lab-tierkv with each component off")
     ap.add_argument("--split", type=float, default=0.4)
     ap.add_argument("--until", type=float, default=1.0, help="replay only the first fraction of the trace (time)")
     ap.add_argument("--tiers", default=None, help="e.g. hbm=1%%,dram=5%%,nvme=25%%")
@@ -475,8 +484,8 @@ def main(argv: list[str]) -> int:
         if args.ablations:
             names += [a for a in ABLATIONS if a not in names]
         for n in names:
-            if n not in POLICIES and n not in ABLATIONS:
-                raise ValueError(f"unknown policy {n!r}; known: {', '.join((*POLICIES, *ABLATIONS))}")
+            if n not in POLICIES and n not in EXTRA_POLICIES and n not in ABLATIONS:
+                raise ValueError(f"unknown policy {n!r}; known: {', '.join((*POLICIES, *EXTRA_POLICIES, *ABLATIONS))}")
         tiers = _parse_tiers(args.tiers) if args.tiers else []
         trace = load_trace(args.trace, args.block_tokens, args.trace_block_tokens)
     except (ValueError, OSError) as exc:
@@ -507,7 +516,12 @@ def main(argv: list[str]) -> int:
             def tick(n: int, lab: str = label) -> None:
                 prog.step(n, lab)
 
-            cache_runs[f] = replay(trace, pol, split_time, tick)
+            try:
+                cache_runs[f] = replay(trace, pol, split_time, tick)
+            finally:
+                close = getattr(pol, "close", None)
+                if close is not None:
+                    close()  # the library policy runs an event-loop thread
         for f in fractions:
             row: dict[str, Any] = {
                 "policy": name,

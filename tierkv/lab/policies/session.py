@@ -130,7 +130,7 @@ class SessionPolicy:
         "toucher",
     )
 
-    def __init__(self, capacity: int, options: SessionOptions | None = None, name: str = "tierkv") -> None:
+    def __init__(self, capacity: int, options: SessionOptions | None = None, name: str = "lab-tierkv-session") -> None:
         self.name = name
         self.capacity = capacity
         self.opts = o = options or SessionOptions()

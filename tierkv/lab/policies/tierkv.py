@@ -210,7 +210,7 @@ class TierKVPolicy:
         "turn_time",
     )
 
-    def __init__(self, capacity: int, options: TierKVOptions | None = None, name: str = "tierkv") -> None:
+    def __init__(self, capacity: int, options: TierKVOptions | None = None, name: str = "lab-tierkv") -> None:
         self.name = name
         self.capacity = capacity
         self.opts = options or TierKVOptions()

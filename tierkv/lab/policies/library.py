@@ -1,0 +1,125 @@
+"""The shipped library as a replay policy: a real :class:`~tierkv.TierKV`, driven request by request.
+
+The replay's ``tierkv`` rows are this policy, so the lab measures the code users run, not a model
+of it: one DRAM tier holding exactly ``capacity`` blocks (watermarks 1.0, one granule per block),
+the scheduler's clock set to the trace's timestamps, and per request ``lookup(prompt)`` then
+``put(prompt)`` -- what an engine does. A trace block id ``h`` (a chained prefix hash) becomes the
+tokens ``h * B .. h * B + B - 1`` of a block of ``B`` tokens, so equal id chains are equal token
+prefixes and get equal keys. The KV is a tiny model's (4 KiB per block) filled with zeros: only
+placement is measured.
+
+The event loop runs in a background thread (anyio's blocking portal); :meth:`close` stops it.
+Owns: the mapping from replay requests to library calls. May not be imported by the core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+import anyio.from_thread
+import numpy as np
+from anyio.from_thread import BlockingPortal
+
+from ... import TierKV
+
+__all__ = ["BLOCK_TOKENS", "LibraryPolicy", "library_config"]
+
+#: tokens per block of the replayed library (any value works: placement is per block)
+BLOCK_TOKENS = 16
+# one layer, one KV head of 64: 16 tokens x 2 (K, V) x 64 x 2 bytes = one 4 KiB granule per block
+_HF = {
+    "num_hidden_layers": 1,
+    "num_attention_heads": 1,
+    "num_key_value_heads": 1,
+    "hidden_size": 64,
+    "head_dim": 64,
+}
+_BLOCK_NBYTES = BLOCK_TOKENS * 2 * 64 * 2
+
+
+def library_config(capacity: int, policy: str | None = None) -> dict[str, Any]:
+    """The configuration of the replayed store: one DRAM tier of exactly ``capacity`` blocks."""
+    cfg: dict[str, Any] = {
+        "model": {"name": "replay", "revision": "1", "hf_config": _HF},
+        "kv_dtype": "float16",
+        "block_tokens": BLOCK_TOKENS,
+        "tiers": [
+            {
+                "name": "dram",
+                "backend": "dram",
+                "capacity": max(1, capacity) * _BLOCK_NBYTES,
+                "granule": _BLOCK_NBYTES,
+                "high_watermark": 1.0,
+                "low_watermark": 1.0,
+            }
+        ],
+        "telemetry": {"enabled": False},
+    }
+    if policy is not None:
+        cfg["scheduler"] = {"policy": policy}
+    return cfg
+
+
+def tokens_of(ids: Sequence[int]) -> np.ndarray[Any, Any]:
+    """The token ids of a request whose blocks have the trace ids ``ids``."""
+    base = np.asarray(ids, dtype=np.int64) * BLOCK_TOKENS
+    return (base[:, None] + np.arange(BLOCK_TOKENS, dtype=np.int64)[None, :]).reshape(-1)
+
+
+class LibraryPolicy:
+    """A real TierKV as a replayable policy of ``capacity`` blocks (see the module docstring).
+
+    ``policy``: the library's ``scheduler.policy`` (None: its default, what users get)."""
+
+    def __init__(self, capacity: int, *, policy: str | None = None, name: str = "tierkv") -> None:
+        self.name = name
+        self.capacity = capacity
+        self._portal_cm: AbstractContextManager[BlockingPortal] = anyio.from_thread.start_blocking_portal()
+        self._portal = self._portal_cm.__enter__()
+        self._clock = [0.0]
+        try:
+            self.kv: TierKV = self._portal.call(TierKV.open, library_config(capacity, policy))
+        except BaseException:
+            self._portal_cm.__exit__(None, None, None)
+            raise
+        sched = self.kv._sched
+        sched.now = lambda: self._clock[0]  # type: ignore[method-assign]
+        sched.set_capacity_blocks(capacity)
+        self._zeros = np.zeros((1, 2, 0, 1, 64), dtype=np.float16)
+
+    async def _request(self, ids: Sequence[int]) -> tuple[int, int]:
+        kv = self.kv
+        toks = tokens_of(ids)
+        lead = (await kv.lookup(toks)).blocks
+        _, keys, _ = kv._s.keys(toks, None)
+        index = kv._index
+        hits = sum(1 for k in keys if k.hex() in index)
+        if len(self._zeros[0, 0]) != len(toks):
+            self._zeros = np.zeros((1, 2, len(toks), 1, 64), dtype=np.float16)
+        await kv.put(toks, self._zeros)
+        return lead, hits
+
+    def request(self, ids: Sequence[int], now: float, tail_partial: bool) -> tuple[int, int]:
+        """lookup then put of the request's prompt at trace time ``now``."""
+        if not ids:
+            return 0, 0
+        self._clock[0] = now
+        return self._portal.call(self._request, ids)
+
+    def close(self) -> None:
+        """Close the store and stop its event-loop thread; idempotent."""
+        if self._portal_cm is None:
+            return
+        try:
+            self._portal.call(self.kv.aclose)
+        finally:
+            cm, self._portal_cm = self._portal_cm, None  # type: ignore[assignment]
+            cm.__exit__(None, None, None)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
