@@ -110,9 +110,9 @@ def test_unregistered_static_model_cannot_decode() -> None:
     model = StaticModel.calibrate([_kv(rng)], CacheGenCodec(level=3, scheme="rowmax"))
     codec = CacheGenCodec(level=3, scheme="rowmax", table=register_static_model(model))
     block = encode_block(_kv(rng), codec)
-    from tierkv.codecs import _cachegen, _registry
+    from tierkv.codecs import _registry, _rowmax
 
-    _cachegen._STATIC.pop(model.id)
+    _rowmax._STATIC.pop(model.id)
     _registry._cached.cache_clear()
     with pytest.raises(DecodeError, match="register"):
         decode_block(block)
