@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import random
 from collections.abc import AsyncIterator
@@ -20,14 +19,11 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
+from kvtest import BLOCK, BT, pfs_tier, smol_config
 
 from tierkv import CapacityError, TierKV, TierKVError
 
 pytestmark = pytest.mark.anyio
-
-HF = json.loads((Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text())
-BT = 16
-BLOCK = 30 * 2 * BT * 3 * 64 * 2  # bytes of one block
 
 
 @functools.cache
@@ -46,18 +42,7 @@ def base_tokens(family: int, n: int) -> list[int]:
 
 
 def config(tmp_path: Path, tiers: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    cfg: dict[str, Any] = {
-        "model": {"name": "smol", "revision": "test", "hf_config": HF},
-        "kv_dtype": "float16",
-        "block_tokens": BT,
-        "tiers": tiers,
-    }
-    cfg.update(extra)
-    return cfg
-
-
-def pfs_tier(tmp_path: Path, capacity: int | str) -> dict[str, Any]:
-    return {"name": "pfs", "backend": "pfs", "path": str(tmp_path / "pfs"), "capacity": capacity}
+    return smol_config(tiers, **extra)
 
 
 def assert_sound(kv: TierKV) -> None:

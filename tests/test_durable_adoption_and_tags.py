@@ -3,13 +3,11 @@ being walked; ``hint`` rejects bad arguments. Through the public API (asyncio an
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 
 import tierkv._engine._tierkv as core
@@ -19,24 +17,13 @@ from tierkv._registry import load_backend_class
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conformance_ref import RefFileBackend
+from kvtest import BT, kv_for, smol_config
 
 pytestmark = pytest.mark.anyio
 
-HF = json.loads((Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text())
-BT = 16
-
-
-def kv_for(n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((30, 2, n, 3, 64)).astype(np.float16)
-
 
 def config(tiers: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "model": {"name": "smol", "revision": "r1", "hf_config": HF},
-        "kv_dtype": "float16",
-        "block_tokens": BT,
-        "tiers": tiers,
-    }
+    return smol_config(tiers, revision="r1")
 
 
 async def test_durable_put_replaces_a_corrupt_existing_record(tmp_path: Path) -> None:

@@ -3,17 +3,16 @@ in-memory span exporter and metric reader, on real DRAM and PFS tiers."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import anyio
-import numpy as np
 import pytest
 
 pytest.importorskip("opentelemetry.sdk")
 
+from kvtest import BLOCK, BT, config, kv_for
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -31,30 +30,8 @@ from tierkv._telemetry import DEFAULT_COST_PER_GB_HOUR, MISS_REASONS, Telemetry
 
 pytestmark = pytest.mark.anyio
 
-HF = json.loads((Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text())
-BT = 16
-BLK = 30 * 2 * BT * 3 * 64 * 2  # bytes of one block (SmolLM2-135M, fp16)
+BLK = BLOCK  # bytes of one block (SmolLM2-135M, fp16)
 DEFAULT_TENANT = "0" * 32
-
-
-def kv_for(n: int, seed: int = 0) -> np.ndarray[Any, Any]:
-    return np.random.default_rng(seed).standard_normal((30, 2, n, 3, 64)).astype(np.float16)
-
-
-def config(tmp_path: Path, *, dram: str | None = "64MiB", pfs: str | None = "256MiB", **extra: Any) -> dict[str, Any]:
-    tiers: list[dict[str, Any]] = []
-    if dram is not None:
-        tiers.append({"name": "dram", "backend": "dram", "capacity": dram})
-    if pfs is not None:
-        tiers.append({"name": "pfs", "backend": "pfs", "path": str(tmp_path / "pfs"), "capacity": pfs})
-    cfg: dict[str, Any] = {
-        "model": {"name": "smol", "revision": "test", "hf_config": HF},
-        "kv_dtype": "float16",
-        "block_tokens": BT,
-        "tiers": tiers,
-    }
-    cfg.update(extra)
-    return cfg
 
 
 def low_watermark_config(tmp_path: Path, **extra: Any) -> dict[str, Any]:

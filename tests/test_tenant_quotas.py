@@ -3,37 +3,20 @@ blocks, never another tenant's; per-tier and total quotas; ``tenant_stats()``.""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
+from kvtest import BLOCK, BT, dram_tier, kv_for, pfs_tier, smol_config
 
 from tierkv import CapacityError, ConfigError, TierKV
 
 pytestmark = pytest.mark.anyio
 
-HF = json.loads((Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text())
-BT = 16
-BLOCK = 30 * 2 * BT * 3 * 64 * 2
-
-
-def kv_for(n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((30, 2, n, 3, 64)).astype(np.float16)
-
 
 def config(tmp_path: Path, tenants: dict[str, Any], *, pfs: bool = False) -> dict[str, Any]:
-    tiers: list[dict[str, Any]] = [{"name": "dram", "backend": "dram", "capacity": 40 * BLOCK}]
-    if pfs:
-        tiers.append({"name": "pfs", "backend": "pfs", "path": str(tmp_path / "pfs"), "capacity": 80 * BLOCK})
-    return {
-        "model": {"name": "smol", "revision": "r1", "hf_config": HF},
-        "kv_dtype": "float16",
-        "block_tokens": BT,
-        "tiers": tiers,
-        "tenants": tenants,
-    }
+    tiers = [dram_tier(40 * BLOCK)] + ([pfs_tier(tmp_path, 80 * BLOCK)] if pfs else [])
+    return smol_config(tiers, tenants=tenants)
 
 
 def prompt(tenant: int, i: int) -> list[int]:

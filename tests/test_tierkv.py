@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import anyio
 import numpy as np
 import pytest
+from kvtest import BT, config, kv_for
 
 from tierkv import (
     CapacityError,
@@ -23,28 +22,7 @@ from tierkv import (
 
 pytestmark = pytest.mark.anyio
 
-HF = json.loads((Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text())
-BT = 16
 SHAPE = (30, 2, None, 3, 64)
-
-
-def kv_for(n: int, seed: int = 0, dtype: Any = np.float16) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    return rng.standard_normal((30, 2, n, 3, 64)).astype(dtype)
-
-
-def config(tmp_path: Path, *, dram: str = "64MiB", pfs: str | None = "256MiB", **extra: Any) -> dict[str, Any]:
-    tiers: list[dict[str, Any]] = [{"name": "dram", "backend": "dram", "capacity": dram}]
-    if pfs is not None:
-        tiers.append({"name": "pfs", "backend": "pfs", "path": str(tmp_path / "pfs"), "capacity": pfs})
-    cfg: dict[str, Any] = {
-        "model": {"name": "smol", "revision": "test", "hf_config": HF},
-        "kv_dtype": "float16",
-        "block_tokens": BT,
-        "tiers": tiers,
-    }
-    cfg.update(extra)
-    return cfg
 
 
 async def test_round_trip_bit_exact(tmp_path: Path) -> None:

@@ -1,0 +1,58 @@
+"""Shared helpers of the test suite: the SmolLM2-135M-shaped model, its KV, tier tables, configs.
+
+One place for what many test modules need (the model's hf_config, a block's size, random KV of
+the model's layout, DRAM/PFS tier tables, a whole config), so a test states only what it varies.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["BLOCK", "BT", "HF", "config", "dram_tier", "kv_for", "pfs_tier", "smol_config"]
+
+HF: dict[str, Any] = json.loads(
+    (Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text()
+)
+#: tokens per block in the tests (small, so blocks are small)
+BT = 16
+#: bytes of one fp16 block of SmolLM2-135M: 30 layers x K/V x 16 tokens x 3 KV heads x 64
+BLOCK = 30 * 2 * BT * 3 * 64 * 2
+
+
+def kv_for(n: int, seed: int = 0, dtype: Any = np.float16) -> np.ndarray[Any, Any]:
+    """Random KV of ``n`` tokens in the model's layout ``(30, 2, n, 3, 64)``."""
+    return np.random.default_rng(seed).standard_normal((30, 2, n, 3, 64)).astype(dtype)
+
+
+def dram_tier(capacity: int | str = "64MiB", name: str = "dram") -> dict[str, Any]:
+    return {"name": name, "backend": "dram", "capacity": capacity}
+
+
+def pfs_tier(tmp_path: Path, capacity: int | str = "256MiB", name: str = "pfs") -> dict[str, Any]:
+    return {"name": name, "backend": "pfs", "path": str(tmp_path / name), "capacity": capacity}
+
+
+def smol_config(tiers: list[dict[str, Any]], *, revision: str = "test", **extra: Any) -> dict[str, Any]:
+    """A config of the SmolLM2-shaped model over ``tiers`` (fp16, ``BT``-token blocks)."""
+    cfg: dict[str, Any] = {
+        "model": {"name": "smol", "revision": revision, "hf_config": HF},
+        "kv_dtype": "float16",
+        "block_tokens": BT,
+        "tiers": tiers,
+    }
+    cfg.update(extra)
+    return cfg
+
+
+def config(
+    tmp_path: Path, *, dram: int | str | None = "64MiB", pfs: int | str | None = "256MiB", **extra: Any
+) -> dict[str, Any]:
+    """DRAM over PFS (either left out with None), the tiers most tests use."""
+    tiers = [dram_tier(dram)] if dram is not None else []
+    if pfs is not None:
+        tiers.append(pfs_tier(tmp_path, pfs))
+    return smol_config(tiers, **extra)
