@@ -158,9 +158,7 @@ def test_fixed_tau_ablation_is_the_policy_without_shadows() -> None:
 
 # ---------------------------------------------------------------- library mirror
 def test_scheduler_state_adapts_tau_and_ranks_with_it() -> None:
-    s = SchedulerState(
-        {"policy": "predictive", "tau_s": 1000.0, "tau_candidates_s": [0.1, 1000.0]}, ["dram"], ["dram"]
-    )
+    s = SchedulerState({"policy": "predictive", "tau_s": 1000.0, "tau_candidates_s": [0.1, 1000.0]}, ["dram"], ["dram"])
     assert s.tau_adapter is None  # made once the capacity is known
     s.set_capacity_blocks(8)
     ad = s.tau_adapter
