@@ -39,13 +39,13 @@ measure on 20%-40%), the only view a configuration may be tuned on. Capacities s
 When ``lru`` and ``belady`` are both replayed, every row also carries ``gap_closed``: the fraction of the
 LRU -> Belady prefix-hit-rate gap the policy closes at that capacity, ``(p - p_lru) / (p_belady - p_lru)``.
 
-``--ablations`` adds the tierkv policy with one component off each (see
-:class:`~tierkv.lab.policies.TierKVOptions`): ``tierkv-no-predictor``, ``-no-prefix-tree``,
+``--ablations`` adds the lab's research prototype ``lab-tierkv`` with one component off each (see
+:class:`~tierkv.lab.policies.TierKVOptions`): ``lab-tierkv-no-predictor``, ``-no-prefix-tree``,
 ``-no-fanout``, ``-no-bypass``, ``-no-size``, ``-no-decay``, ``-no-optgen``, ``-no-quick-step``, ``-no-shape``,
 ``-no-response`` (answer-length class), ``-no-completion`` (recency from completion), ``-no-response-signal``
-(both), ``tierkv-fixed-tau`` (``tau`` fixed at its start value instead of adapted by shadow caches),
-and the experimental renewal-process policy ``tierkv-session`` (:class:`~tierkv.lab.policies.SessionPolicy`)
-with ``tierkv-session-no-hazard``, ``-no-classes``, ``-no-density``, ``-no-prefix-tree``, ``-no-bypass``,
+(both), ``lab-tierkv-fixed-tau`` (``tau`` fixed at its start value instead of adapted by shadow caches),
+and the experimental renewal-process policy ``lab-tierkv-session`` (:class:`~tierkv.lab.policies.SessionPolicy`)
+with ``lab-tierkv-session-no-hazard``, ``-no-classes``, ``-no-density``, ``-no-prefix-tree``, ``-no-bypass``,
 ``-no-tail`` (see :class:`~tierkv.lab.policies.SessionOptions`). Any ablation name is also accepted by
 ``--policies``.
 """
