@@ -28,7 +28,7 @@ Those rows carry ``tiers`` and ``hits_per_tier``.
 Answer lengths (strictly causal): when the trace has ``output_length``, a request's completion is modelled at
 ``arrival + input_length / 10,000 tok/s + output_length x 0.03 s``
 (:func:`~tierkv.scheduler._response.completion_time`); a policy with a ``respond(index, t_done,
-output_tokens)`` method (the tierkv policy) is told the answer length only then, before the first request
+output_tokens)`` method (the ``lab-tierkv`` prototype) is told the answer length only then, before the first request
 that arrives at or after ``t_done`` -- never earlier.
 
 ``--until F`` replays only the requests before ``t0 + F * (t_end - t0)`` (the split then applies to that
