@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from tierkv import _ledger
 from tierkv.backend import Allocation, Reservation, ReservationLedger
 from tierkv.errors import BlockExistsError, BlockNotFoundError, CapacityError, InputError
 
@@ -117,3 +120,30 @@ def test_batches_restore_and_clear() -> None:
     assert counts(ledger) == (176, 16, 130, 1) and ledger.committed_bytes == 160
     assert ledger.clear() == [recs[2]] and recs[2].dropped
     assert counts(ledger) == (160, 0, 120, 0)
+
+
+def test_reserve_many_is_all_or_nothing() -> None:
+    ledger: ReservationLedger[Reservation] = ReservationLedger(tier="t", capacity=100)
+    allocs = ledger.reserve_many([("a", 10, b"x"), ("b", 20, b"")])
+    assert [(a.key, a.nbytes, a.tag) for a in allocs] == [("a", 10, b"x"), ("b", 20, b"")]
+    assert len({a.handle for a in allocs}) == 2 and counts(ledger) == (30, 30, 30, 2)
+    with pytest.raises(CapacityError):
+        ledger.reserve_many([("c", 40, b""), ("d", 40, b"")])  # each fits, the batch does not
+    with pytest.raises(BlockExistsError, match="twice"):
+        ledger.reserve_many([("e", 1, b""), ("e", 1, b"")])
+    with pytest.raises(BlockExistsError):
+        ledger.reserve_many([("f", 1, b""), ("a", 1, b"")])
+    with pytest.raises(InputError):
+        ledger.reserve_many([("g", 1, b""), ("h", -1, b"")])
+    assert counts(ledger) == (30, 30, 30, 2)  # nothing of a refused batch was added
+    assert ledger.claim(allocs[1]).key == "b"
+
+
+def test_fast_allocation_constructor_builds_the_same_frozen_value() -> None:
+    a = _ledger._new_allocation("k", 5, b"t", 7)
+    ref = Allocation("k", 5, b"t", 7)
+    assert type(a) is Allocation and a == ref and hash(a) == hash(ref) and repr(a) == repr(ref)
+    assert (a.key, a.nbytes, a.tag, a.handle) == ("k", 5, b"t", 7)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.key = "x"  # type: ignore[misc]
+    assert dataclasses.replace(a, nbytes=6) == Allocation("k", 6, b"t", 7)

@@ -10,7 +10,7 @@ import pytest
 from conformance_ref import RefFileBackend, RefMemoryBackend
 from tierkv_conformance import BackendConformance, FaultConfig, FaultInjectingBackend
 
-from tierkv import Backend
+from tierkv.backend import Backend
 
 
 class TestRefMemory(BackendConformance):

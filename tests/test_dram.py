@@ -236,20 +236,6 @@ async def test_batch_twins() -> None:
             await b.read_many(["k1", "k0"])
 
 
-def test_fast_allocation_constructor_builds_the_same_frozen_value() -> None:
-    import dataclasses
-
-    from tierkv._backend import Allocation
-
-    a = dram_mod._new_allocation("k", 5, b"t", 7)
-    ref = Allocation("k", 5, b"t", 7)
-    assert type(a) is Allocation and a == ref and hash(a) == hash(ref) and repr(a) == repr(ref)
-    assert (a.key, a.nbytes, a.tag, a.handle) == ("k", 5, b"t", 7)
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        a.key = "x"  # type: ignore[misc]
-    assert dataclasses.replace(a, nbytes=6) == Allocation("k", 6, b"t", 7)
-
-
 async def test_batch_mixed_sizes_tags_and_buffers() -> None:
     async with await _open(capacity=16 * MiB) as b:
         sizes = [0, 1, 4095, 4096, 70_000, 16384]

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from tierkv import (
-    Backend,
     PluginConflictError,
     PluginNotFoundError,
     PluginUnavailableError,
@@ -18,6 +17,7 @@ from tierkv import (
 )
 from tierkv import _registry as reg
 from tierkv._cli import main as cli_main
+from tierkv.backend import Backend
 
 GOOD = """
 from tierkv_backends.dram import DramBackend
@@ -96,12 +96,12 @@ def test_missing_dependency_is_unavailable(fake_site: Path) -> None:
     [
         ("B = 42\n", "not a subclass"),
         ("class B:\n    pass\n", "not a subclass"),
-        ("from tierkv import Backend\nclass B(Backend):\n    pass\n", "abstract"),
+        ("from tierkv.backend import Backend\nclass B(Backend):\n    pass\n", "abstract"),
         (GOOD + "\nclass B(GoodBackend):\n    api_version = 99\n", "api_version"),
         (GOOD + "\nclass B(GoodBackend):\n    def evict(self, key):\n        return True\n", "coroutine"),
         (GOOD + "\nclass B(GoodBackend):\n    async def stats(self):\n        return None\n", "plain method"),
         ("raise RuntimeError('boom at import')\n", "boom at import"),
-        ("from tierkv import Backend\n", "does not exist"),
+        ("from tierkv.backend import Backend\n", "does not exist"),
     ],
 )
 def test_validation_errors(fake_site: Path, src: str, why: str) -> None:

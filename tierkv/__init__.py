@@ -1,31 +1,17 @@
 """tierkv: place the KV cache of LLM inference across a memory hierarchy.
 
 Open a store with ``kv = await TierKV.open(config)``; see the README for a
-quickstart and ``docs/`` for the backend protocol and the tiers.
+quickstart and ``docs/`` for the tiers and the configuration. This namespace is
+the user API: the store, its configuration, the model spec, scopes, the results
+and every error (:mod:`tierkv.errors`). Backend authors import
+:mod:`tierkv.backend` (the plugin-author API) and :mod:`tierkv.errors`.
 """
 
-from ._backend import (
-    API_VERSION,
-    MAX_TAG_BYTES,
-    Allocation,
-    Availability,
-    Backend,
-    BackendStats,
-    BlockInfo,
-    Buffer,
-    Capabilities,
-    SupportsContentHash,
-    SupportsDeviceIO,
-    SupportsScan,
-    SupportsTagLookup,
-    TierKind,
-    as_byte_view,
-    check_allocation,
-    into_view,
-    validate_key,
-)
 from ._config import KV_DTYPES, Config, TenantQuota, TierConfig
-from ._errors import (
+from ._engine import CheckpointResult, GetResult, LookupResult, PutResult, TenantStats, TierKV, TierStats
+from ._keys import Scope
+from ._model import AttentionKind, ModelSpec
+from .errors import (
     BackendClosedError,
     BackendError,
     BackendIOError,
@@ -50,29 +36,17 @@ from ._errors import (
     TierUnavailableError,
     TokensError,
 )
-from ._keys import Scope
-from ._model import AttentionKind, ModelSpec
-from ._engine import CheckpointResult, GetResult, LookupResult, PutResult, TenantStats, TierKV, TierStats
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "API_VERSION",
     "KV_DTYPES",
-    "MAX_TAG_BYTES",
-    "Allocation",
     "AttentionKind",
-    "Availability",
-    "Backend",
     "BackendClosedError",
     "BackendError",
     "BackendIOError",
-    "BackendStats",
     "BlockExistsError",
-    "BlockInfo",
     "BlockNotFoundError",
-    "Buffer",
-    "Capabilities",
     "CapacityError",
     "CheckpointResult",
     "ClosedError",
@@ -95,22 +69,20 @@ __all__ = [
     "PutResult",
     "SchedulerError",
     "Scope",
-    "SupportsContentHash",
-    "SupportsDeviceIO",
-    "SupportsScan",
-    "SupportsTagLookup",
     "TenantQuota",
     "TenantStats",
     "TierConfig",
     "TierKV",
     "TierKVError",
-    "TierKind",
     "TierStats",
     "TierUnavailableError",
     "TokensError",
     "__version__",
-    "as_byte_view",
-    "check_allocation",
-    "into_view",
-    "validate_key",
 ]
+
+# the exported names say they live here, where users import them from (as httpx does)
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type):
+        _obj.__module__ = __name__
+del _name, _obj

@@ -8,8 +8,10 @@ No other tierkv module but :mod:`tierkv.errors` and the checks of ``_checks``.
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Sequence
+import dataclasses
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Generic, TypeVar
 
 from ._checks import check_allocation
@@ -30,6 +32,34 @@ class Allocation:
     nbytes: int
     tag: bytes = b""
     handle: int = 0
+
+
+def _allocation_factory() -> Callable[[str, int, bytes, int], Allocation]:
+    """A constructor of :class:`Allocation` that skips the frozen dataclass ``__init__``
+    (four ``object.__setattr__`` calls through the generic path) and stores the fields
+    through the slot descriptors directly: the same object (same type, fields, equality,
+    hash, repr, still frozen against assignment), at about half the cost. Falls back
+    to the class itself if its fields or slots are not exactly the expected ones."""
+    names = ("key", "nbytes", "tag", "handle")
+    fields = tuple(f.name for f in dataclasses.fields(Allocation))
+    if fields != names or getattr(Allocation, "__slots__", None) != names or hasattr(Allocation, "__post_init__"):
+        return Allocation
+    set_key, set_nbytes, set_tag, set_handle = (Allocation.__dict__[n].__set__ for n in names)
+    new = object.__new__
+
+    def make(key: str, nbytes: int, tag: bytes, handle: int) -> Allocation:
+        a: Allocation = new(Allocation)
+        set_key(a, key)
+        set_nbytes(a, nbytes)
+        set_tag(a, tag)
+        set_handle(a, handle)
+        return a
+
+    return make
+
+
+_new_allocation = _allocation_factory()
+_KEY, _NBYTES, _TAG, _HANDLE = (attrgetter(n) for n in ("key", "nbytes", "tag", "handle"))
 
 
 class Reservation:
@@ -58,7 +88,7 @@ class Reservation:
 
     def allocation(self) -> Allocation:
         """The :class:`Allocation` that ``allocate`` returns for this reservation."""
-        return Allocation(self.key, self.nbytes, self.tag, self.handle)
+        return _new_allocation(self.key, self.nbytes, self.tag, self.handle)
 
     def __repr__(self) -> str:
         state = "dropped" if self.dropped else ("writing" if self.writing else "pending")
@@ -181,14 +211,33 @@ class ReservationLedger(Generic[_R]):
         self.pending[r.key] = r
         self.reserved_bytes += r.held
         self.logical_bytes += r.nbytes
-        return Allocation(r.key, r.nbytes, r.tag, r.handle)
+        return _new_allocation(r.key, r.nbytes, r.tag, r.handle)
 
-    def add_many(self, records: Iterable[_R], *, nbytes: int, held: int) -> None:
-        """Register checked reservations at once; their handles come from :meth:`handles`,
-        and ``nbytes`` / ``held`` are their totals (a batch computes them in one pass)."""
-        self.pending.update((r.key, r) for r in records)
+    def add_many(
+        self,
+        records: Sequence[_R],
+        *,
+        nbytes: int,
+        held: int,
+        columns: tuple[Sequence[str], Sequence[int], Sequence[bytes], Sequence[int]] | None = None,
+    ) -> list[Allocation]:
+        """Register checked reservations at once and return their allocations; their
+        handles come from :meth:`handles`, and ``nbytes`` / ``held`` are their totals (a
+        batch computes them in one pass). ``columns``: the records' keys, sizes, tags and
+        handles, where the caller has them as sequences already (saves a pass over the
+        records). C-level loops only."""
+        if columns is None:
+            columns = (
+                list(map(_KEY, records)),
+                list(map(_NBYTES, records)),
+                list(map(_TAG, records)),
+                list(map(_HANDLE, records)),
+            )
+        keys, sizes, tags, handles = columns
+        self.pending.update(zip(keys, records, strict=True))
         self.reserved_bytes += held
         self.logical_bytes += nbytes
+        return list(map(_new_allocation, keys, sizes, tags, handles))
 
     def reserve(
         self: ReservationLedger[Reservation], key: str, nbytes: int, tag: bytes = b"", *, committed: Container[str] = ()
@@ -198,6 +247,29 @@ class ReservationLedger(Generic[_R]):
         self.check(key, nbytes, tag, committed=committed)
         self.check_fits(nbytes)
         return self.add(Reservation(key, nbytes, bytes(tag)))
+
+    def reserve_many(
+        self: ReservationLedger[Reservation],
+        items: Sequence[tuple[str, int, bytes]],
+        *,
+        committed: Container[str] = (),
+    ) -> list[Allocation]:
+        """:meth:`reserve` of a batch, all or nothing: every item is checked (a key twice in
+        the batch is BlockExistsError) and the batch must fit as a whole before any is
+        added; the batch twin of ``allocate`` for a backend without an allocator of its own."""
+        seen: set[str] = set()
+        total = 0
+        for key, nbytes, tag in items:
+            self.check(key, nbytes, tag, committed=committed)
+            if key in seen:
+                raise BlockExistsError(f"key {key!r} appears twice in the batch", tier=self.tier)
+            seen.add(key)
+            total += nbytes
+        self.check_fits(total)
+        records = [Reservation(key, nbytes, bytes(tag)) for key, nbytes, tag in items]
+        for r, h in zip(records, self.handles(len(records)), strict=True):
+            r.handle = h
+        return self.add_many(records, nbytes=total, held=total)
 
     # ------------------------------------------------------------------ write
     def claim(self, allocation: object) -> _R:
@@ -262,14 +334,17 @@ class ReservationLedger(Generic[_R]):
         self._forget(r)
         return r
 
-    def clear(self) -> list[_R]:
-        """Drop every pending reservation (at close) and return them."""
+    def clear(self, *, committed: bool = False) -> list[_R]:
+        """Drop every pending reservation (at close) and return them. With ``committed``
+        the committed blocks' counts go too (a tier whose blocks do not outlive close)."""
         dropped = list(self.pending.values())
         for r in dropped:
             r.dropped = True
         self.pending.clear()
         self.reserved_bytes = 0
         self.logical_bytes -= sum(r.nbytes for r in dropped)
+        if committed:
+            self.committed_bytes = self.logical_bytes = 0
         return dropped
 
     def _forget(self, r: _R) -> None:

@@ -23,7 +23,10 @@ A backend imports from tierkv only this module and :mod:`tierkv.errors`. What is
 * option readers for ``__init__``: :func:`opt_size`, :func:`opt_int`,
   :func:`opt_float`, :func:`opt_bool`, :func:`opt_str`, :func:`opt_path`,
   :func:`opt_choice`, :func:`parse_size`, :func:`reject_unknown`, :func:`config_path`;
-* discovery: :func:`load_backend_class`, :func:`validate_backend_class`.
+* discovery: :func:`load_backend_class`, :func:`validate_backend_class`;
+* what ``tierkv certify`` may be told (never its pass rule, which the suite owns
+  per tier kind): :class:`CertificationProfile`, :class:`SupportsRawReference`,
+  :class:`RawMeasurement`, :func:`certify_batch`.
 
 Contract shared by every method
 -------------------------------
@@ -75,6 +78,13 @@ from typing import Any, ClassVar, Protocol, Self, runtime_checkable
 import numpy as np
 
 from ._blocking import os_error, run_blocking
+from ._certification import (
+    CERTIFY_BATCH_BYTES,
+    CertificationProfile,
+    RawMeasurement,
+    SupportsRawReference,
+    certify_batch,
+)
 from ._checks import MAX_TAG_BYTES, as_byte_view, check_allocation, into_view, validate_key
 from ._ledger import Allocation, Reservation, ReservationLedger
 from ._options import (
@@ -93,6 +103,7 @@ from .errors import BackendClosedError, BackendError, InputError
 
 __all__ = [
     "API_VERSION",
+    "CERTIFY_BATCH_BYTES",
     "MAX_TAG_BYTES",
     "Allocation",
     "Availability",
@@ -101,15 +112,19 @@ __all__ = [
     "BlockInfo",
     "Buffer",
     "Capabilities",
+    "CertificationProfile",
     "OpenContext",
+    "RawMeasurement",
     "Reservation",
     "ReservationLedger",
     "SupportsContentHash",
     "SupportsDeviceIO",
+    "SupportsRawReference",
     "SupportsScan",
     "SupportsTagLookup",
     "TierKind",
     "as_byte_view",
+    "certify_batch",
     "check_allocation",
     "config_path",
     "into_view",
@@ -170,14 +185,9 @@ class Capabilities:
         alignment: the I/O alignment in bytes the medium prefers (1 for memory).
         max_block_bytes: the largest block ``allocate`` accepts.
         max_concurrency: worker threads / in-flight I/Os the backend uses.
-        envelope_threshold: minimum throughput ratio against the raw reference
-            for certification (``tierkv certify``).
-        envelope_small_block_bytes: envelope rows of blocks smaller than this
-            are graded by ``envelope_small_block_us`` (batched time per block)
-            instead of the ratio: at small sizes the fixed per-block work of any
-            store (bookkeeping, allocation) dominates a bare copy loop. 0 grades
-            every row by the ratio.
-        envelope_small_block_us: the per-block bound for those rows.
+
+    Nothing here grades a backend: ``tierkv certify`` owns its pass rule, by
+    ``tier_kind`` (see :class:`CertificationProfile` for what a backend may tell it).
     """
 
     tier_kind: TierKind
@@ -187,9 +197,6 @@ class Capabilities:
     alignment: int = 1
     max_block_bytes: int = 1 << 30
     max_concurrency: int = 8
-    envelope_threshold: float = 0.8
-    envelope_small_block_bytes: int = 0
-    envelope_small_block_us: float = 20.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,6 +282,8 @@ class Backend(ABC):
 
     #: The protocol version implemented (see :data:`API_VERSION`).
     api_version: ClassVar[int] = API_VERSION
+    #: How ``tierkv certify`` sets this backend up (descriptive; the pass rule is the suite's).
+    certification: ClassVar[CertificationProfile] = CertificationProfile()
 
     def __init__(self, options: Mapping[str, Any] | None = None, *, name: str = "") -> None:
         self.name = name or type(self).__name__.lower()

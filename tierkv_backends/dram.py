@@ -48,7 +48,7 @@ Per-block cost of the batch twins: one C-level validation pass over the whole
 batch, one allocator call (one lock acquisition) carving the batch out of a
 single free run when possible, one ``_Slot`` and one :class:`Allocation` per
 block built in C-level ``map`` loops (the Allocation through its slot
-descriptors, see ``_allocation_factory``), one ``memoryview`` slice assignment
+descriptors, by :meth:`~tierkv.backend.ReservationLedger.add_many`), one ``memoryview`` slice assignment
 per block (``bytes`` sources and ``bytearray`` destinations taken as they are),
 a bulk commit, and one allocator call to free an evicted batch (neighbouring
 blocks merged first). Inline reads need no pin (nothing can run between the
@@ -78,11 +78,10 @@ drops the reservation and raises the cancellation, so it never commits; a
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from itertools import repeat
 from operator import attrgetter
 from pathlib import Path
@@ -101,9 +100,10 @@ from tierkv.backend import (
     BackendStats,
     Buffer,
     Capabilities,
+    Reservation,
+    ReservationLedger,
     TierKind,
     as_byte_view,
-    check_allocation,
     opt_bool,
     opt_choice,
     opt_int,
@@ -142,7 +142,6 @@ _KNOWN = frozenset(
 #: the characters of a block key (lengths are checked apart): one regex pass over a whole batch
 _KEY_CHARS = re.compile(r"[0-9A-Za-z._-]*")
 _NBYTES = attrgetter("nbytes")
-_HELD = attrgetter("held")
 _SKEY = attrgetter("key")
 _DROPPED = attrgetter("dropped")
 
@@ -165,39 +164,15 @@ def _cuda_present() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _allocation_factory() -> Callable[[str, int, bytes, int], Allocation]:
-    """A constructor of :class:`Allocation` that skips the frozen dataclass ``__init__``
-    (four ``object.__setattr__`` calls through the generic path) and stores the fields
-    through the slot descriptors directly: the same object (same type, fields, equality,
-    hash, repr, still frozen against assignment), at about half the cost. Falls back
-    to the class itself if its fields or slots are not exactly the expected ones."""
-    names = ("key", "nbytes", "tag", "handle")
-    fields = tuple(f.name for f in dataclasses.fields(Allocation))
-    if fields != names or getattr(Allocation, "__slots__", None) != names or hasattr(Allocation, "__post_init__"):
-        return Allocation
-    set_key, set_nbytes, set_tag, set_handle = (Allocation.__dict__[n].__set__ for n in names)
-    new = object.__new__
+class _Slot(Reservation):
+    """A reservation of the ledger, then the committed block it becomes: its arena offset
+    and pins added (plain ints, no Extent). ``dropped``: evicted while pinned or written,
+    freed when the last copy ends."""
 
-    def make(key: str, nbytes: int, tag: bytes, handle: int) -> Allocation:
-        a: Allocation = new(Allocation)
-        set_key(a, key)
-        set_nbytes(a, nbytes)
-        set_tag(a, tag)
-        set_handle(a, handle)
-        return a
-
-    return make
-
-
-_new_allocation = _allocation_factory()
-
-
-class _Slot:
-    """One reservation or committed block (mutable bookkeeping; plain ints, no Extent)."""
-
-    __slots__ = ("dropped", "handle", "held", "key", "nbytes", "offset", "readers", "tag", "writing")
+    __slots__ = ("offset", "readers")
 
     def __init__(self, key: str, offset: int, nbytes: int, held: int, tag: bytes, handle: int) -> None:
+        # every slot set here (no super().__init__: a batch builds these in a C-level map)
         self.key = key
         self.offset = offset
         self.nbytes = nbytes
@@ -206,7 +181,7 @@ class _Slot:
         self.handle = handle
         self.readers = 0  # copies out of the block in flight
         self.writing = False  # a copy into the block is in flight
-        self.dropped = False  # evicted while pinned: free when the last copy ends
+        self.dropped = False
 
     @property
     def extent(self) -> Extent:
@@ -241,18 +216,13 @@ class DramBackend(Backend):
             alignment=1,
             max_block_bytes=self._max_block,
             max_concurrency=self._max_conc,
-            envelope_threshold=0.8,
-            envelope_small_block_bytes=64 * 1024,
-            envelope_small_block_us=20.0,
         )
         self._arena: Arena | None = None
         self._pinned = False
         self._limiter: anyio.CapacityLimiter | None = None
         self._blocks: dict[str, _Slot] = {}
-        self._reserved: dict[str, _Slot] = {}
-        self._reserved_bytes = 0
-        self._logical = 0
-        self._next_handle = 1
+        # reservations, and the exact counts (the arena's allocator decides what fits)
+        self._ledger: ReservationLedger[_Slot] = ReservationLedger(tier=self.name, max_block_bytes=self._max_block)
         self._reads = self._writes = self._evictions = self._bytes_read = self._bytes_written = 0
 
     # ----------------------------------------------------------------- lifecycle
@@ -298,9 +268,7 @@ class DramBackend(Backend):
 
     async def _close(self) -> None:
         self._blocks.clear()
-        self._reserved.clear()
-        self._reserved_bytes = 0
-        self._logical = 0
+        self._ledger.clear(committed=True)  # a memory tier keeps nothing across close
         self._arena = None  # in-flight copies keep their own views alive
 
     # ------------------------------------------------------------------ helpers
@@ -311,9 +279,7 @@ class DramBackend(Backend):
         return self._arena
 
     def _check_request(self, key: str, nbytes: int, tag: bytes) -> None:
-        check_allocation(key, nbytes, tag, max_block_bytes=self._max_block, tier=self.name)
-        if key in self._blocks or key in self._reserved:
-            raise BlockExistsError(f"a block or reservation exists under {key!r}", tier=self.name)
+        self._ledger.check(key, nbytes, tag, committed=self._blocks)
 
     def _check_batch(self, keys: tuple[str, ...], sizes: tuple[int, ...], tags: tuple[bytes, ...]) -> bool:
         """Validate a whole allocate_many batch with a few C-level passes; on any
@@ -335,7 +301,7 @@ class DramBackend(Backend):
                 and set(map(type, tags)) == {bytes}
                 and max(map(len, tags)) <= MAX_TAG_BYTES
                 and self._blocks.keys().isdisjoint(keys)
-                and self._reserved.keys().isdisjoint(keys)
+                and self._ledger.pending.keys().isdisjoint(keys)
             )
         if not ok:
             for key, nbytes, tag in zip(keys, sizes, tags, strict=True):
@@ -363,13 +329,10 @@ class DramBackend(Backend):
         and return flat byte sources of the data (no copy; ``bytes`` as they are),
         each checked against its block's size. BlockNotFoundError if an allocation is
         unknown or already claimed, InputError for data of the wrong size or shape."""
-        reserved = self._reserved
+        claim = self._ledger.claim
         out: list[bytes | memoryview] = []
         for a, d in zip(allocations, datas, strict=True):
-            slot = reserved.get(a.key) if isinstance(a, Allocation) else None
-            if slot is None or slot.handle != a.handle or slot.writing:
-                raise BlockNotFoundError(f"unknown or already written allocation {a!r}", tier=self.name)
-            slot.writing = True
+            slot = claim(a)
             slots.append(slot)
             if type(d) is bytes:  # always flat, contiguous, format "B"
                 if len(d) != slot.nbytes:
@@ -414,51 +377,38 @@ class DramBackend(Backend):
         """Undo claimed reservations after a failed or cancelled write (sync, no await)."""
         to_free: list[_Slot] = []
         for slot in slots:
-            slot.writing = False
-            if self._closed:  # aclose dropped every reservation and the arena
-                continue
-            if not slot.dropped:  # still registered: drop it
-                del self._reserved[slot.key]
-                self._reserved_bytes -= slot.held
-                self._logical -= slot.nbytes
-            to_free.append(slot)
+            self._ledger.abort(slot)  # dropped from the ledger if still there
+            if not self._closed:  # aclose dropped every reservation and the arena
+                to_free.append(slot)
         self._free_slots(to_free)
 
     def _commit(self, slots: list[_Slot]) -> None:
         """Publish written blocks; raises (after publishing the others) if one was
         evicted during its copy or the backend was closed."""
-        reserved, blocks = self._reserved, self._blocks
+        blocks = self._blocks
         if not self._closed and not any(map(_DROPPED, slots)):  # the usual case: publish all
-            for slot in slots:
-                slot.writing = False
-            keys = list(map(_SKEY, slots))
-            for key in keys:
-                del reserved[key]
-            blocks.update(zip(keys, slots, strict=True))
-            self._reserved_bytes -= sum(map(_HELD, slots))
+            self._ledger.commit_many(slots)
+            blocks.update(zip(map(_SKEY, slots), slots, strict=True))
             self._writes += len(slots)
             self._bytes_written += sum(map(_NBYTES, slots))
             return
         first: BaseException | None = None
         dropped: list[_Slot] = []
-        done = nbytes = held = 0
+        done = nbytes = 0
         for slot in slots:
-            slot.writing = False
             if self._closed:
+                slot.writing = False
                 first = first or BackendClosedError("backend closed during the write", tier=self.name)
                 continue
-            if slot.dropped:  # evicted during the copy
+            if not self._ledger.commit(slot):  # evicted during the copy
                 dropped.append(slot)
                 first = first or BlockNotFoundError(
                     f"reservation for {slot.key!r} was evicted during the write", tier=self.name
                 )
                 continue
-            del reserved[slot.key]
             blocks[slot.key] = slot
             done += 1
             nbytes += slot.nbytes
-            held += slot.held
-        self._reserved_bytes -= held
         self._writes += done
         self._bytes_written += nbytes
         self._free_slots(dropped)
@@ -478,20 +428,15 @@ class DramBackend(Backend):
         later (a copy is in flight), ``None`` if nothing was there."""
         slot = self._blocks.pop(key, None)
         if slot is not None:
-            self._logical -= slot.nbytes
+            self._ledger.release(slot.nbytes, slot.held)
             self._evictions += 1
             if slot.readers:
                 slot.dropped = True
                 return True
             return slot
-        slot = self._reserved.pop(key, None)
+        slot = self._ledger.drop(key)
         if slot is not None:
-            self._reserved_bytes -= slot.held
-            self._logical -= slot.nbytes
-            if slot.writing:
-                slot.dropped = True
-                return True
-            return slot
+            return True if slot.writing else slot  # a write in flight frees it when its copy ends
         return None
 
     def _lookup(self, keys: Sequence[str]) -> list[_Slot]:
@@ -587,7 +532,7 @@ class DramBackend(Backend):
         details: dict[str, Any] = {
             "pinned": self._pinned,
             "granule": self._granule,
-            "logical_bytes": self._logical,
+            "logical_bytes": self._ledger.logical_bytes,
         }
         if arena is not None:
             details["largest_free_bytes"] = arena.allocator.largest_free
@@ -597,7 +542,7 @@ class DramBackend(Backend):
             capacity_bytes=arena.capacity if arena is not None else self._capacity // self._granule * self._granule,
             used_bytes=arena.used if arena is not None else 0,
             blocks=len(self._blocks),
-            reserved_bytes=self._reserved_bytes,
+            reserved_bytes=self._ledger.reserved_bytes,
             reads=self._reads,
             writes=self._writes,
             evictions=self._evictions,
@@ -630,14 +575,10 @@ class DramBackend(Backend):
         else:
             helds = [(n + g1) & ~g1 for n in sizes]
             held_total = sum(helds)
-        h0 = self._next_handle
-        self._next_handle = h0 + count
-        handles = range(h0, h0 + count)
+        handles = self._ledger.handles(count)
         # C-level loops over the batch: one _Slot and one Allocation per block, nothing else
-        self._reserved.update(zip(keys, map(_Slot, keys, offsets, sizes, helds, tags, handles), strict=True))
-        self._reserved_bytes += held_total
-        self._logical += sum(sizes)
-        return list(map(_new_allocation, keys, sizes, tags, handles))
+        slots = list(map(_Slot, keys, offsets, sizes, helds, tags, handles))
+        return self._ledger.add_many(slots, nbytes=sum(sizes), held=held_total, columns=(keys, sizes, tags, handles))
 
     async def write_many(self, allocations: Sequence[Allocation], datas: Sequence[Buffer]) -> None:
         """All copies of the batch by one policy decision (inline, or one thread hop),
@@ -654,7 +595,7 @@ class DramBackend(Backend):
             self._abort(slots)
             rest: list[_Slot] = []
             for a in allocations[len(slots) :]:
-                s2 = self._reserved.get(a.key) if isinstance(a, Allocation) else None
+                s2 = self._ledger.get(a.key) if isinstance(a, Allocation) else None
                 if s2 is not None and s2.handle == a.handle and not s2.writing:
                     d = self._detach(a.key)
                     if isinstance(d, _Slot):
@@ -705,7 +646,7 @@ class DramBackend(Backend):
     async def evict_many(self, keys: Sequence[str]) -> list[bool]:
         """Immediate; the memory of the whole batch goes back in one allocator call."""
         self._live_arena()
-        blocks, reserved = self._blocks, self._reserved
+        blocks, reserved = self._blocks, self._ledger.pending
         for k in keys:  # validate everything before removing anything
             try:
                 if k in blocks or k in reserved:

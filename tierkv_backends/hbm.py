@@ -28,7 +28,6 @@ cancelled write waits for its copy, then drops the reservation.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +41,11 @@ from tierkv.backend import (
     BackendStats,
     Buffer,
     Capabilities,
+    RawMeasurement,
+    Reservation,
+    ReservationLedger,
     TierKind,
     as_byte_view,
-    check_allocation,
     into_view,
     opt_int,
     opt_size,
@@ -54,7 +55,6 @@ from tierkv.backend import (
 from tierkv.errors import (
     BackendClosedError,
     BackendIOError,
-    BlockExistsError,
     BlockNotFoundError,
     CapacityError,
     ConfigError,
@@ -70,22 +70,21 @@ __all__ = ["HbmBackend", "HbmPool", "PoolBlock"]
 _KNOWN = frozenset({"capacity", "device", "max_block_bytes", "max_concurrency", "granule"})
 
 
-@dataclass(slots=True)
-class PoolBlock:
-    """A reservation or committed block of an :class:`HbmPool` (mutable bookkeeping)."""
+class PoolBlock(Reservation):
+    """A reservation of an :class:`HbmPool`, then the committed block it becomes: the
+    ledger's reservation plus its extent of device memory and its pinned readers."""
 
-    key: str
-    extent: Extent
-    tag: bytes
-    handle: int
-    committed: bool = False
-    writing: bool = False
-    readers: int = 0
-    dropped: bool = False
+    __slots__ = ("committed", "extent", "readers")
+
+    def __init__(self, key: str, extent: Extent, tag: bytes) -> None:
+        super().__init__(key, extent.nbytes, tag, held=extent.held)
+        self.extent = extent
+        self.committed = False
+        self.readers = 0
 
 
 class HbmPool:
-    """Pure pool arithmetic: a buddy allocator plus key bookkeeping. No memory, no torch.
+    """Pure pool arithmetic: a buddy allocator plus the reservation ledger. No memory, no torch.
 
     Errors: InputError (bad key / size / tag), BlockExistsError, CapacityError,
     BlockNotFoundError, all tagged with ``tier``. Not thread-safe: call from one
@@ -97,10 +96,8 @@ class HbmPool:
         self.alloc = BuddyAllocator(capacity, granule)
         self.max_block = max_block
         self.blocks: dict[str, PoolBlock] = {}
-        self.pending: dict[str, PoolBlock] = {}
-        self.logical = 0
-        self.reserved = 0
-        self._handles = 0
+        #: reservations and exact counts (the buddy allocator decides what fits)
+        self.ledger: ReservationLedger[PoolBlock] = ReservationLedger(tier=tier, max_block_bytes=max_block)
 
     @property
     def capacity(self) -> int:
@@ -108,13 +105,24 @@ class HbmPool:
 
     @property
     def used(self) -> int:
-        """Granule-rounded bytes held by blocks and reservations."""
+        """Granule-rounded bytes held by blocks and reservations (and by evicted blocks
+        whose last copy has not ended)."""
         return self.alloc.used
 
+    @property
+    def pending(self) -> dict[str, PoolBlock]:
+        return self.ledger.pending
+
+    @property
+    def reserved(self) -> int:
+        return self.ledger.reserved_bytes
+
+    @property
+    def logical(self) -> int:
+        return self.ledger.logical_bytes
+
     def reserve(self, key: str, nbytes: int, tag: bytes = b"") -> Allocation:
-        check_allocation(key, nbytes, tag, max_block_bytes=self.max_block, tier=self.tier)
-        if key in self.blocks or key in self.pending:
-            raise BlockExistsError(f"a block or reservation exists under {key!r}", tier=self.tier)
+        self.ledger.check(key, nbytes, tag, committed=self.blocks)
         ext = self.alloc.allocate(nbytes)
         if ext is None:
             raise CapacityError(
@@ -122,39 +130,24 @@ class HbmPool:
                 f"largest free run {self.alloc.largest_free}",
                 tier=self.tier,
             )
-        self._handles += 1
-        self.pending[key] = PoolBlock(key, ext, tag, self._handles)
-        self.logical += nbytes
-        self.reserved += ext.held
-        return Allocation(key, nbytes, tag, self._handles)
+        return self.ledger.add(PoolBlock(key, ext, tag))
 
     def claim(self, a: Allocation) -> PoolBlock:
         """Start writing a reservation; BlockNotFoundError if unknown, already written or being written."""
-        b = self.pending.get(a.key) if isinstance(a, Allocation) else None
-        if b is None or b.handle != a.handle or b.writing:
-            raise BlockNotFoundError(f"unknown or already written allocation {a!r}", tier=self.tier)
-        b.writing = True
-        return b
+        return self.ledger.claim(a)
 
     def commit(self, b: PoolBlock) -> bool:
         """Finish a write; False (and the extent freed) if the reservation was dropped meanwhile."""
-        b.writing = False
-        if b.dropped or self.pending.get(b.key) is not b:
+        if not self.ledger.commit(b):
             self._release(b)
             return False
-        del self.pending[b.key]
-        self.reserved -= b.extent.held
         b.committed = True
         self.blocks[b.key] = b
         return True
 
     def abort(self, b: PoolBlock) -> None:
         """A write failed or was cancelled: drop the reservation (if still there) and free it."""
-        b.writing = False
-        if self.pending.get(b.key) is b:
-            del self.pending[b.key]
-            self.reserved -= b.extent.held
-            self.logical -= b.extent.nbytes
+        self.ledger.abort(b)
         self._release(b)
 
     def lookup(self, key: str) -> PoolBlock:
@@ -175,18 +168,15 @@ class HbmPool:
     def remove(self, key: str) -> bool:
         """Evict a block or reservation; the extent is freed once no copy uses it."""
         validate_key(key, tier=self.tier)
-        b = self.pending.pop(key, None)
+        b = self.ledger.drop(key)
         if b is not None:
-            self.reserved -= b.extent.held
-            self.logical -= b.extent.nbytes
-            b.dropped = True
-            if not b.writing:
+            if not b.writing:  # else the write frees it when its commit fails
                 self._release(b)
             return True
         b = self.blocks.pop(key, None)
         if b is None:
             return False
-        self.logical -= b.extent.nbytes
+        self.ledger.release(b.nbytes, b.held)
         b.dropped = True
         if b.readers == 0:
             self._release(b)
@@ -240,7 +230,6 @@ class HbmBackend(Backend):
             alignment=self._granule,
             max_block_bytes=self._max_block,
             max_concurrency=self._max_conc,
-            envelope_threshold=0.8,
         )
 
     # ------------------------------------------------------------------ lifecycle
@@ -480,7 +469,6 @@ class HbmBackend(Backend):
         import time
 
         import numpy as np
-        from tierkv_conformance._reference import RawMeasurement
 
         torch = self._torch
         dev = torch.empty(block_bytes * count, dtype=torch.uint8, device=self._mem.device)

@@ -74,13 +74,13 @@ import re
 import struct
 import threading
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -96,9 +96,11 @@ from tierkv.backend import (
     BlockInfo,
     Buffer,
     Capabilities,
+    CertificationProfile,
+    Reservation,
+    ReservationLedger,
     TierKind,
     as_byte_view,
-    check_allocation,
     into_view,
     opt_bool,
     opt_choice,
@@ -112,7 +114,6 @@ from tierkv.backend import (
 )
 from tierkv.errors import (
     BackendIOError,
-    BlockExistsError,
     BlockNotFoundError,
     CapacityError,
     ConfigError,
@@ -123,6 +124,8 @@ from tierkv.errors import (
 )
 
 from ._gpu import cuda_usable, kvikio_installed
+
+_T = TypeVar("_T")
 
 __all__ = ["NvmeBackend", "SlotHeader", "pack_slot_header", "unpack_slot_header", "wsum32", "wsum32_torch"]
 
@@ -408,6 +411,37 @@ class _Entry:
     state: int = 1  # the slot state, i.e. which checksum algorithm ``crc`` is
 
 
+class _Pending(Reservation):
+    """A reservation of the ledger plus the slot it holds (slab index, slot number)."""
+
+    __slots__ = ("si", "slot")
+
+    def __init__(self, key: str, nbytes: int, tag: bytes, si: int, slot: int, held: int) -> None:
+        super().__init__(key, nbytes, tag, held=held)
+        self.si = si
+        self.slot = slot
+
+
+def _envelope_options(options: Mapping[str, Any], block_bytes: int) -> dict[str, Any] | None:
+    """The certification envelope's configuration for blocks of ``block_bytes``: slots of
+    exactly that size (as a deployment sizes its slots to its model's block), in a
+    subdirectory of ``path``. None when ``path`` is a list (several devices)."""
+    path = options.get("path")
+    if not isinstance(path, (str, os.PathLike)):
+        return None
+    # room for the envelope's full 512 MiB per storage measurement (32 to 2048 blocks; it
+    # moves at most 80 % of the free capacity, in slots of block + header page): shorter
+    # measurements on a shared virtual disk are mostly noise
+    blocks = max(32, min(2048, (512 << 20) // max(1, block_bytes)))
+    cap = max(192 << 20, blocks * (block_bytes + PAGE) * 5 // 4 + (1 << 20))
+    return {
+        **options,
+        "path": str(Path(path) / f"envelope-{block_bytes}"),
+        "slot_bytes": block_bytes,
+        "capacity": cap,
+    }
+
+
 class NvmeBackend(Backend):
     """Persistent NVMe tier over preallocated slab files (see the module docstring).
 
@@ -432,6 +466,9 @@ class NvmeBackend(Backend):
     PluginUnavailableError for ``io="kvikio"`` without GPU or kvikio; BackendIOError for the medium
     (including a filesystem that refuses O_DIRECT).
     """
+
+    #: ``tierkv certify`` measures each block size on slots of that size (a deployment's)
+    certification: ClassVar[CertificationProfile] = CertificationProfile(options_for_block=_envelope_options)
 
     def __init__(self, options: Mapping[str, Any] | None = None, *, name: str = "") -> None:
         super().__init__(options, name=name or "nvme")
@@ -467,22 +504,17 @@ class NvmeBackend(Backend):
         self._checksum_opt = opt_choice(self.options, "checksum", ("auto", "crc32c", "crc32"), "auto")
         self._direct = opt_bool(self.options, "direct", True)
         self._prefill = opt_bool(self.options, "prefill", True)
+        # reservations and the counts (a slot's whole size each); the free slots decide what fits
+        self._ledger: ReservationLedger[_Pending] = ReservationLedger(tier=self.name)
         self._set_classes(classes)
         self._created: list[tuple[Path, int]] = []  # slab files this open created or initialised
         self._made_dirs: list[Path] = []  # directories this open created
         self._index: dict[str, _Entry] = {}
-        self._pending: dict[str, Allocation] = {}
-        self._pending_slot: dict[str, tuple[int, int]] = {}
-        self._used = 0
-        self._logical = 0
-        self._reserved = 0
-        self._handles = 0
         self._next_gen = 1
         self._gen_lock = threading.Lock()
         self._gen_crc: dict[int, tuple[int, int]] = {}  # gen -> (state, payload crc) until committed
         self._checkpoint = 0
         self._ckpt_seen: list[int] = []
-        self._inflight: set[tuple[int, int]] = set()
         self._unsettled: set[int] = set()
         self._poisoned: set[tuple[int, int]] = set()
         self._limiter = anyio.CapacityLimiter(self._qd)
@@ -505,6 +537,7 @@ class NvmeBackend(Backend):
             for d in self._dirs:
                 self._slabs.append(_Slab(d / f"tierkv-nvme-{sb}.slab", sb, per_file))
         self._capacity = sum(s.nslots * s.slot_bytes for s in self._slabs)
+        self._ledger.max_block_bytes = classes[-1]
         # free slots per class, interleaved over directories so consecutive blocks go to distinct devices
         self._free: dict[int, list[tuple[int, int]]] = {sb: [] for sb in classes}
         self._pool = _Pool(PAGE + _round_up(classes[-1]))
@@ -552,25 +585,8 @@ class NvmeBackend(Backend):
     def default_options(cls, workdir: Path) -> dict[str, Any]:
         return {"path": str(workdir / "nvme"), "capacity": "256MiB", "slot_bytes": "2MiB"}
 
-    @classmethod
-    def envelope_options(cls, options: Mapping[str, Any], block_bytes: int) -> dict[str, Any] | None:
-        """The certification envelope's configuration for blocks of ``block_bytes``: slots of
-        exactly that size (as a deployment sizes its slots to its model's block), in a
-        subdirectory of ``path``. None when ``path`` is a list (several devices)."""
-        path = options.get("path")
-        if not isinstance(path, (str, os.PathLike)):
-            return None
-        # room for the envelope's full 512 MiB per storage measurement (32 to 2048 blocks; it
-        # moves at most 80 % of the free capacity, in slots of block + header page): shorter
-        # measurements on a shared virtual disk are mostly noise
-        blocks = max(32, min(2048, (512 << 20) // max(1, block_bytes)))
-        cap = max(192 << 20, blocks * (block_bytes + PAGE) * 5 // 4 + (1 << 20))
-        return {
-            **options,
-            "path": str(Path(path) / f"envelope-{block_bytes}"),
-            "slot_bytes": block_bytes,
-            "capacity": cap,
-        }
+    #: the envelope's configuration for blocks of a size (:attr:`certification`)
+    envelope_options = staticmethod(_envelope_options)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -580,11 +596,6 @@ class NvmeBackend(Backend):
             alignment=PAGE,
             max_block_bytes=self._classes[-1],
             max_concurrency=self._qd,
-            envelope_threshold=0.9,
-            # below 64 KiB the fixed work of a crash-safe slot (its header page, checksum and
-            # bookkeeping in Python) dominates a bare pwritev: graded per block instead
-            envelope_small_block_bytes=64 * 1024,
-            envelope_small_block_us=100.0,
         )
 
     # ------------------------------------------------------------------- lifecycle
@@ -832,8 +843,7 @@ class NvmeBackend(Backend):
             os.fdatasync(self._slabs[si].fd)
         for key, (si, slot, h) in best.items():
             self._index[key] = _Entry(si, slot, h.gen, h.nbytes, h.tag, crc=h.payload_crc, state=h.state)
-            self._used += self._held(si, h.nbytes)
-            self._logical += h.nbytes
+            self._ledger.restore(h.nbytes, self._held(si, h.nbytes))
         self._recovered["blocks"] = len(best)
         # free slots are min-heaps on (slot, slab): allocation takes the lowest slot number,
         # interleaved over directories, so a batch writes ascending offsets whatever order
@@ -879,6 +889,7 @@ class NvmeBackend(Backend):
             self._pool.put(buf)
 
     async def _close(self) -> None:
+        self._ledger.clear()  # in-flight writes see their reservation gone and undo themselves
         # wait for every in-flight I/O: take all the limiter's tokens
         tokens = [object() for _ in range(self._qd)]
         with anyio.CancelScope(shield=True):
@@ -1217,71 +1228,81 @@ class NvmeBackend(Backend):
         return self._allocate_now(key, nbytes, tag)
 
     def _allocate_now(self, key: str, nbytes: int, tag: bytes) -> Allocation:
-        check_allocation(key, nbytes, tag, max_block_bytes=self._classes[-1], tier=self.name)
-        if key in self._index or key in self._pending:
-            raise BlockExistsError(f"block {key!r} exists", tier=self.name)
+        self._ledger.check(key, nbytes, tag, committed=self._index)
         for sb in self._classes:
             if sb >= nbytes and self._free[sb]:
                 slot, si = heapq.heappop(self._free[sb])
                 break
         else:
             raise CapacityError(f"no free slot for a block of {nbytes} bytes", tier=self.name)
-        self._handles += 1
-        a = Allocation(key, nbytes, tag, self._handles)
-        self._pending[key] = a
-        self._pending_slot[key] = (si, slot)
-        held = self._held(si, nbytes)
-        self._used += held
-        self._reserved += held
-        self._logical += nbytes
-        return a
+        return self._ledger.add(_Pending(key, nbytes, bytes(tag), si, slot, self._held(si, nbytes)))
 
     def _held(self, si: int, nbytes: int) -> int:
         """Bytes a block counts in ``used_bytes``: its whole slot (0 for an empty block)."""
         return self._slabs[si].slot_bytes if nbytes else 0
 
-    def _drop_pending(self, a: Allocation) -> tuple[int, int] | None:
-        if self._pending.get(a.key) is a:
-            del self._pending[a.key]
-            si, slot = self._pending_slot.pop(a.key)
-            held = self._held(si, a.nbytes)
-            self._used -= held
-            self._reserved -= held
-            self._logical -= a.nbytes
-            return si, slot
-        return None
+    def _drop(self, key: str) -> bool:
+        """Evict the reservation under ``key`` (True if there was one); its slot goes back to
+        the free list unless a write of it is in flight (that write frees it, durably)."""
+        r = self._ledger.drop(key)
+        if r is None:
+            return False
+        if not r.writing:  # an idle reservation never touched the disk
+            self._release_slot(r.si, r.slot)
+        return True
+
+    def _reject(self, r: _Pending) -> None:
+        """A write refused before any I/O (its data, its batch): the reservation and slot go."""
+        if self._ledger.abort(r):
+            self._release_slot(r.si, r.slot)
+
+    def _publish(self, r: _Pending, gen: int) -> None:
+        """Index a block whose write (generation ``gen``) succeeded and whose reservation
+        the ledger just committed."""
+        self._index[r.key] = self._entry(r.si, r.slot, gen, r.nbytes, r.tag)
+        self._settle(gen)
+        self._counters["writes"] += 1
+        self._counters["bytes_written"] += r.nbytes
+
+    def _hide(self, key: str, e: _Entry) -> None:
+        """Take a committed block out of the index and the counts; its slot is freed once
+        it is durably invalidated and no read uses it."""
+        del self._index[key]
+        self._ledger.release(e.nbytes, self._held(e.slab, e.nbytes))
+        e.dead = True
 
     async def write(self, allocation: Allocation, data: Buffer) -> None:
         """Write and commit durably (one O_DIRECT write of header + payload, then fdatasync).
 
-        Raises InputError, BlockNotFoundError (unknown allocation, or evicted while in flight),
-        BackendIOError, BackendClosedError. On failure or cancellation the slot is durably
-        invalidated (shielded) and the reservation released.
+        Raises InputError (the reservation is released), BlockNotFoundError (unknown allocation,
+        or evicted while in flight), BackendIOError, BackendClosedError. On failure or
+        cancellation the slot is durably invalidated (shielded) and the reservation released.
         """
         self._check_open()
-        a = self._pending.get(allocation.key)
-        if a is None or a.handle != allocation.handle:
-            raise BlockNotFoundError(f"no reservation for {allocation.key!r}", tier=self.name)
-        mv = as_byte_view(data)
-        if len(mv) != a.nbytes:
-            raise InputError(f"[{self.name}] write of {len(mv)} bytes into a {a.nbytes}-byte allocation")
-        await self._commit_one(a, partial(self._write_slot, data=mv), (OSError,), "write")
+        r = self._ledger.claim(allocation)
+        try:
+            mv = as_byte_view(data)
+            if len(mv) != r.nbytes:
+                raise InputError(f"[{self.name}] write of {len(mv)} bytes into a {r.nbytes}-byte allocation")
+        except InputError:
+            self._reject(r)
+            raise
+        await self._commit_one(r, partial(self._write_slot, data=mv), (OSError,), "write")
 
     async def _commit_one(
-        self, a: Allocation, io: Callable[..., None], io_errors: tuple[type[BaseException], ...], what: str
+        self, a: _Pending, io: Callable[..., None], io_errors: tuple[type[BaseException], ...], what: str
     ) -> None:
-        """Run ``io(si, slot, gen, key, tag)`` for the reservation ``a`` in a worker thread and
-        commit the block; on failure, cancellation or a concurrent evict the slot is durably
-        invalidated (shielded) before it is reused. ``io_errors`` become BackendIOError."""
-        si, slot = self._pending_slot[a.key]
+        """Run ``io(si, slot, gen, key, tag)`` for the claimed reservation ``a`` in a worker
+        thread and commit the block; on failure, cancellation or a concurrent evict the slot
+        is durably invalidated (shielded) before it is reused. ``io_errors`` become
+        BackendIOError."""
+        si, slot = a.si, a.slot
         gen = self._take_gen()
         self._unsettled.add(gen)
-        self._inflight.add((si, slot))
         try:
             await anyio.to_thread.run_sync(io, si, slot, gen, a.key, a.tag, limiter=self._limiter)
         except BaseException as exc:
-            self._inflight.discard((si, slot))
-            self._drop_pending(a)
+            self._ledger.abort(a)
             # the write may have reached the medium: free the slot durably before it is reused
             if await self._invalidate_shielded(si, slot):
                 self._settle(gen)
@@ -1291,20 +1312,13 @@ class NvmeBackend(Backend):
             if isinstance(exc, io_errors):
                 raise BackendIOError(f"{what} of {a.key!r} failed: {exc}", tier=self.name) from exc
             raise
-        self._inflight.discard((si, slot))
-        if self._pending.get(a.key) is not a or self._closed:
-            # evicted while in flight: the slot goes back only once it is durably free again
+        if not self._ledger.commit(a):
+            # evicted (or closed) while in flight: the slot goes back only once it is durably free again
             if await self._invalidate_shielded(si, slot):
                 self._settle(gen)
             self._release_slot(si, slot)
             raise BlockNotFoundError(f"reservation for {a.key!r} was dropped during write", tier=self.name)
-        del self._pending[a.key]
-        del self._pending_slot[a.key]
-        self._reserved -= self._held(si, a.nbytes)
-        self._index[a.key] = self._entry(si, slot, gen, a.nbytes, a.tag)
-        self._settle(gen)
-        self._counters["writes"] += 1
-        self._counters["bytes_written"] += a.nbytes
+        self._publish(a, gen)
 
     async def read(self, key: str, *, into: Buffer | None = None) -> memoryview:
         """Read and verify (header generation + payload checksum). Raises BlockNotFoundError,
@@ -1317,24 +1331,37 @@ class NvmeBackend(Backend):
         dst: memoryview | None = None
         if into is not None:
             dst = into_view(into, e.nbytes, tier=self.name)
+        # a read into this call's own buffer is abandoned by a cancelled caller (the thread
+        # finishes into that buffer, then it is dropped); into the caller's it is waited for
+        out = await self._read_pinned(
+            e,
+            key,
+            "read",
+            lambda: run_blocking(self._read_slot, e, key, dst, limiter=self._limiter, abandon_on_cancel=dst is None),
+        )
+        self._counters["reads"] += 1
+        self._counters["bytes_read"] += e.nbytes
+        return out
+
+    async def _read_pinned(self, e: _Entry, key: str, what: str, read: Callable[[], Awaitable[_T]]) -> _T:
+        """Run ``read()`` with ``e`` pinned (an evict meanwhile frees its slot only after).
+        A block failing verification is quarantined (removed) and IntegrityError raised;
+        one evicted meanwhile is BlockNotFoundError; OS and device errors are translated."""
         e.readers += 1
         try:
-            # a read into this call's own buffer is abandoned by a cancelled caller (the thread
-            # finishes into that buffer, then it is dropped); into the caller's it is waited for
-            out = await run_blocking(self._read_slot, e, key, dst, limiter=self._limiter, abandon_on_cancel=dst is None)
+            return await read()
         except IntegrityError:
             if self._index.get(key) is e:
                 await self._remove(key, e)
                 raise
             raise BlockNotFoundError(f"block {key!r} was evicted during read", tier=self.name) from None
         except OSError as exc:
-            raise os_error(exc, f"read of {key!r}", tier=self.name) from exc
+            raise os_error(exc, f"{what} of {key!r}", tier=self.name) from exc
+        except RuntimeError as exc:  # a device copy (torch, kvikio)
+            raise BackendIOError(f"{what} of {key!r} failed: {exc}", tier=self.name) from exc
         finally:
             e.readers -= 1
             self._maybe_free(e)
-        self._counters["reads"] += 1
-        self._counters["bytes_read"] += e.nbytes
-        return out
 
     # ------------------------------------------------------------- device I/O
     def _device_bytes(self, t: Any, nbytes: int, what: str, *, writable: bool) -> Any:
@@ -1385,14 +1412,15 @@ class NvmeBackend(Backend):
         memory and written like :meth:`write`. Same durability, errors and cancellation as :meth:`write`.
         """
         self._check_open()
-        a = self._pending.get(allocation.key)
-        if a is None or a.handle != allocation.handle:
-            raise BlockNotFoundError(f"no reservation for {allocation.key!r}", tier=self.name)
-        src = self._device_bytes(tensor, a.nbytes, "tensor", writable=False)
+        a = self._ledger.get(allocation.key) if isinstance(allocation, Allocation) else None
+        if a is None or a.handle != allocation.handle or a.writing:
+            raise BlockNotFoundError(f"no reservation for {allocation!r}", tier=self.name)
+        src = self._device_bytes(tensor, a.nbytes, "tensor", writable=False)  # refused: the reservation stays
         if self._kvikio is None:
             host = await anyio.to_thread.run_sync(lambda: src.cpu().numpy(), limiter=self._limiter)
             await self.write(allocation, host)
             return
+        a = self._ledger.claim(allocation)
         await self._commit_one(a, partial(self._write_slot_device, src=src), (OSError, RuntimeError), "device write")
 
     async def read_device(self, key: str, *, into: Any) -> Any:
@@ -1414,21 +1442,12 @@ class NvmeBackend(Backend):
                 lambda: dst.copy_(self._torch_from(host)) if e.nbytes else None, limiter=self._limiter
             )
             return dst
-        e.readers += 1
-        try:
-            await anyio.to_thread.run_sync(self._read_slot_device, e, key, dst, limiter=self._limiter)
-        except IntegrityError:
-            if self._index.get(key) is e:
-                await self._remove(key, e)
-                raise
-            raise BlockNotFoundError(f"block {key!r} was evicted during read", tier=self.name) from None
-        except OSError as exc:
-            raise os_error(exc, f"device read of {key!r}", tier=self.name) from exc
-        except RuntimeError as exc:
-            raise BackendIOError(f"device read of {key!r} failed: {exc}", tier=self.name) from exc
-        finally:
-            e.readers -= 1
-            self._maybe_free(e)
+        await self._read_pinned(
+            e,
+            key,
+            "device read",
+            lambda: anyio.to_thread.run_sync(self._read_slot_device, e, key, dst, limiter=self._limiter),
+        )
         self._counters["reads"] += 1
         self._counters["bytes_read"] += e.nbytes
         return dst
@@ -1445,10 +1464,7 @@ class NvmeBackend(Backend):
             self._release_slot(e.slab, e.slot)
 
     async def _remove(self, key: str, e: _Entry) -> None:
-        del self._index[key]
-        self._used -= self._held(e.slab, e.nbytes)
-        self._logical -= e.nbytes
-        e.dead = True
+        self._hide(key, e)
         with anyio.CancelScope(shield=True):
             try:
                 await anyio.to_thread.run_sync(self._invalidate, e.slab, e.slot, limiter=self._limiter)
@@ -1463,13 +1479,7 @@ class NvmeBackend(Backend):
         returning). Idempotent. Raises InputError, BackendClosedError, BackendIOError."""
         self._check_open()
         validate_key(key, tier=self.name)
-        a = self._pending.get(key)
-        if a is not None:
-            si, slot = self._pending_slot[key]
-            self._drop_pending(a)
-            # a write in flight for it cleans up the slot itself; an idle reservation never touched the disk
-            if not self._write_in_flight(si, slot):
-                self._release_slot(si, slot)
+        if self._drop(key):
             return True
         e = self._index.get(key)
         if e is None:
@@ -1489,9 +1499,7 @@ class NvmeBackend(Backend):
                 done.append(self._allocate_now(key, nbytes, tag))
         except BaseException:
             for a in done:
-                si_slot = self._drop_pending(a)
-                if si_slot is not None:
-                    self._release_slot(*si_slot)
+                self._drop(a.key)
             raise
         return done
 
@@ -1509,42 +1517,32 @@ class NvmeBackend(Backend):
         self._check_open()
         if len(allocations) != len(datas):
             raise InputError(f"write_many: {len(allocations)} allocations but {len(datas)} buffers")
-        mine: list[Allocation] = []
+        mine: list[_Pending] = []
         views: list[memoryview] = []
         try:
-            seen: set[str] = set()
             for a_in, d in zip(allocations, datas, strict=True):
-                a = self._pending.get(a_in.key)
-                if (
-                    a is None
-                    or a.handle != a_in.handle
-                    or a.key in seen
-                    or self._write_in_flight(*self._pending_slot[a.key])
-                ):
-                    raise BlockNotFoundError(f"no reservation for {a_in.key!r}", tier=self.name)
-                seen.add(a.key)
+                a = self._ledger.claim(a_in)  # twice in the batch: BlockNotFoundError
                 mine.append(a)
                 mv = as_byte_view(d)
                 if len(mv) != a.nbytes:
                     raise InputError(f"[{self.name}] write of {len(mv)} bytes into a {a.nbytes}-byte allocation")
                 views.append(mv)
         except BaseException:
-            for a_in in allocations:  # nothing was written: release every reservation of the batch
-                a = self._pending.get(a_in.key)
-                if a is not None and a.handle == a_in.handle and not self._write_in_flight(*self._pending_slot[a.key]):
-                    si_slot = self._drop_pending(a)
-                    if si_slot is not None:
-                        self._release_slot(*si_slot)
+            # nothing was written: release every reservation of the batch
+            for a in mine:
+                self._reject(a)
+            for a_in in allocations:
+                left = self._ledger.get(a_in.key) if isinstance(a_in, Allocation) else None
+                if left is not None and left.handle == a_in.handle and not left.writing:
+                    self._drop(a_in.key)
             raise
         if not mine:
             return
         jobs: list[tuple[int, int, int, str, bytes, memoryview]] = []
         for a, mv in zip(mine, views, strict=True):
-            si, slot = self._pending_slot[a.key]
             gen = self._take_gen()
             self._unsettled.add(gen)
-            self._inflight.add((si, slot))
-            jobs.append((si, slot, gen, a.key, a.tag, mv))
+            jobs.append((a.si, a.slot, gen, a.key, a.tag, mv))
         errs: list[BaseException | None]
         cancel: BaseException | None = None
         try:
@@ -1554,18 +1552,18 @@ class NvmeBackend(Backend):
         except BaseException as exc:  # cancelled (the worker, if started, has finished) or failed
             cancel = exc
             errs = [exc] * len(jobs)
-        for j in jobs:
-            self._inflight.discard((j[0], j[1]))
         bad: list[int] = []
         first: BaseException | None = None
         for i, (a, e) in enumerate(zip(mine, errs, strict=True)):
-            if e is None and (self._pending.get(a.key) is not a or self._closed):
+            if e is None and self._ledger.commit(a):
+                self._publish(a, jobs[i][2])  # before any await: nothing can evict it in between
+                continue
+            if e is None:  # evicted (or closed) while in flight
                 e = BlockNotFoundError(f"reservation for {a.key!r} was dropped during write", tier=self.name)
-            elif e is not None:
-                self._drop_pending(a)
-            if e is not None:
-                bad.append(i)
-                first = first or e
+            else:
+                self._ledger.abort(a)
+            bad.append(i)
+            first = first or e
         if bad:
             # the data may have reached the medium: free the slots durably before they are reused
             slots = [(jobs[i][0], jobs[i][1]) for i in bad]
@@ -1580,18 +1578,6 @@ class NvmeBackend(Backend):
                 else:
                     self._poisoned.add(t)
                 self._release_slot(*t)
-        bad_set = set(bad)
-        for i, a in enumerate(mine):
-            if i in bad_set:
-                continue
-            si, slot, gen = jobs[i][0], jobs[i][1], jobs[i][2]
-            del self._pending[a.key]
-            del self._pending_slot[a.key]
-            self._reserved -= self._held(si, a.nbytes)
-            self._index[a.key] = self._entry(si, slot, gen, a.nbytes, a.tag)
-            self._settle(gen)
-            self._counters["writes"] += 1
-            self._counters["bytes_written"] += a.nbytes
         if cancel is not None:
             if isinstance(cancel, OSError):
                 raise os_error(cancel, "write_many", tier=self.name) from cancel
@@ -1674,12 +1660,7 @@ class NvmeBackend(Backend):
         victims: list[tuple[str, _Entry]] = []
         taken: set[str] = set()
         for key in keys:
-            a = self._pending.get(key)
-            if a is not None:
-                si, slot = self._pending_slot[key]
-                self._drop_pending(a)
-                if not self._write_in_flight(si, slot):
-                    self._release_slot(si, slot)
+            if self._drop(key):
                 out.append(True)
                 continue
             e = self._index.get(key)
@@ -1697,10 +1678,7 @@ class NvmeBackend(Backend):
     async def _remove_many(self, victims: list[tuple[str, _Entry]]) -> None:
         """Hide every block at once, then free their slots durably (shielded, one fdatasync per slab)."""
         for key, e in victims:
-            del self._index[key]
-            self._used -= self._held(e.slab, e.nbytes)
-            self._logical -= e.nbytes
-            e.dead = True
+            self._hide(key, e)
         slots = [(e.slab, e.slot) for _, e in victims]
         with anyio.CancelScope(shield=True):
             try:
@@ -1718,9 +1696,6 @@ class NvmeBackend(Backend):
         if failed:
             raise BackendIOError(f"evict of {len(failed)} block(s) failed, e.g. {failed[0]!r}", tier=self.name)
 
-    def _write_in_flight(self, si: int, slot: int) -> bool:
-        return (si, slot) in self._inflight
-
     async def contains(self, key: str) -> bool:
         self._check_open()
         validate_key(key, tier=self.name)
@@ -1736,14 +1711,14 @@ class NvmeBackend(Backend):
             tier=self.name,
             kind=TierKind.NVME,
             capacity_bytes=self._capacity,
-            used_bytes=self._used,
+            used_bytes=self._ledger.used_bytes,
             blocks=len(self._index),
-            reserved_bytes=self._reserved,
+            reserved_bytes=self._ledger.reserved_bytes,
             io_path=self._io_path or "O_DIRECT preadv/pwritev",
             emulated=False,
             details={
                 **({"granule": self._classes[0]} if len(self._classes) == 1 else {}),
-                "logical_bytes": self._logical,
+                "logical_bytes": self._ledger.logical_bytes,
                 "queue_depth": self._qd,
                 "slot_classes": list(self._classes),
                 "slab_files": [str(s.path) for s in self._slabs],

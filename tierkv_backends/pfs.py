@@ -156,7 +156,6 @@ import anyio.to_thread
 import numpy as np
 import xxhash
 
-from tierkv._tierkv import tag_tenant
 from tierkv.backend import (
     Allocation,
     Availability,
@@ -165,9 +164,12 @@ from tierkv.backend import (
     BlockInfo,
     Buffer,
     Capabilities,
+    RawMeasurement,
+    Reservation,
+    ReservationLedger,
     TierKind,
     as_byte_view,
-    check_allocation,
+    certify_batch,
     into_view,
     opt_bool,
     opt_choice,
@@ -178,14 +180,13 @@ from tierkv.backend import (
     os_error,
     reject_unknown,
     run_blocking,
+    tag_tenant,
     validate_key,
 )
 from tierkv.errors import (
     BackendClosedError,
     BackendIOError,
-    BlockExistsError,
     BlockNotFoundError,
-    CapacityError,
     ConfigError,
     InputError,
     IntegrityError,
@@ -319,18 +320,6 @@ class _Rec:
         if not self.sha:
             self.sha = sha.hex()
         return True
-
-
-class _Res:
-    __slots__ = ("counted", "dropped", "handle", "nbytes", "tag", "writing")
-
-    def __init__(self, nbytes: int, tag: bytes, handle: int) -> None:
-        self.nbytes = nbytes
-        self.tag = tag
-        self.handle = handle
-        self.writing = False
-        self.dropped = False
-        self.counted = True  # nbytes still counted in reserved_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -568,15 +557,14 @@ class PfsBackend(Backend):
             alignment=4096,
             max_block_bytes=self._max_block,
             max_concurrency=self._max_conc,
-            envelope_threshold=0.8,
         )
         self._limiter: anyio.CapacityLimiter | None = None
         self._index: dict[str, _Rec] = {}
         self._objs: dict[int, list[int]] = {}  # content inode -> [nbytes, keys indexed here]
-        self._physical = 0
-        self._logical = 0
-        self._reserved: dict[str, _Res] = {}
-        self._reserved_bytes = 0
+        # reservations and the counts; committed bytes are the content files' (each counted once)
+        self._ledger: ReservationLedger[Reservation] = ReservationLedger(
+            tier=self.name, capacity=self._capacity, max_block_bytes=self._max_block
+        )
         self._inflight_tmp: set[str] = set()
         self._scopes: set[str] = set()  # scope directories known to exist
         self._tags: dict[str, bytes] = {}  # tags/ digest -> tag
@@ -590,7 +578,6 @@ class PfsBackend(Backend):
         self._evicting: dict[str, anyio.Event] = {}  # key -> set when its record removal is done
         self._nowait = bool(_RWF_NOWAIT)
         self._reading = 0  # read_many calls in progress
-        self._handle = 0
         self._reads = self._writes = self._evictions = self._bytes_read = self._bytes_written = 0
         self._dedup_hits = 0
         self._integrity_failures = 0
@@ -614,8 +601,7 @@ class PfsBackend(Backend):
         await self._rebuild()
 
     async def _close(self) -> None:
-        self._reserved.clear()
-        self._reserved_bytes = 0
+        self._ledger.clear()
         self._files.clear()
 
     def _make_dirs(self) -> None:
@@ -1193,28 +1179,31 @@ class PfsBackend(Backend):
         return found
 
     # ----------------------------------------------------------- index helpers
-    def _add(self, key: str, rec: _Rec) -> None:
-        """Index a committed block and count its content once (the caller counted ``_logical``)."""
+    def _add(self, key: str, rec: _Rec) -> int:
+        """Index a committed block; the bytes its content newly holds (0 when another key
+        links the same content file already): what the ledger counts for it."""
         self._index[key] = rec
         o = self._objs.get(rec.ino)
         if o is None:
             self._objs[rec.ino] = [rec.nbytes, 1]
-            self._physical += rec.nbytes
-        else:
-            o[1] += 1
+            return rec.nbytes
+        o[1] += 1
+        return 0
 
     def _forget(self, key: str) -> _Rec:
-        """Drop a committed key from the index and its bytes from the accounting."""
+        """Drop a committed key from the index and its bytes from the accounting (its
+        content's only when no other key links the content file)."""
         rec = self._index.pop(key)
         self._files.drop(rec.name)
-        self._logical -= rec.nbytes
         if self._scan_evicted is not None:
             self._scan_evicted.add(key)
         o = self._objs[rec.ino]
         o[1] -= 1
+        freed = 0
         if o[1] == 0:
             del self._objs[rec.ino]
-            self._physical -= o[0]
+            freed = o[0]
+        self._ledger.release(rec.nbytes, freed)
         return rec
 
     async def _run_undo(self, undo: _Undo) -> None:
@@ -1240,15 +1229,6 @@ class PfsBackend(Backend):
                     del self._evicting[k]
             done.set()
 
-    def _release(self, key: str, res: _Res) -> None:
-        res.writing = False
-        if not res.dropped and self._reserved.get(key) is res:
-            del self._reserved[key]
-            self._logical -= res.nbytes
-        if res.counted:
-            self._reserved_bytes -= res.nbytes
-            res.counted = False
-
     async def _rebuild(self) -> list[BlockInfo]:
         self._scan_evicted = set()
         try:
@@ -1257,15 +1237,14 @@ class PfsBackend(Backend):
         finally:
             self._scan_evicted = None
         for key, rec in found.items():
-            if key in self._reserved or key in evicted:
+            if key in self._ledger or key in evicted:
                 continue
             old = self._index.get(key)
             if old is not None:
                 if old.name == rec.name and old.ino == rec.ino:
                     continue
                 self._forget(key)  # replaced by another process: index what is on disk now
-            self._logical += rec.nbytes
-            self._add(key, rec)
+            self._ledger.restore(rec.nbytes, self._add(key, rec))
         return [BlockInfo(k, r.nbytes, r.tag) for k, r in self._index.items()]
 
     # ---------------------------------------------------------------------- data
@@ -1279,19 +1258,7 @@ class PfsBackend(Backend):
     async def allocate(self, key: str, nbytes: int, *, tag: bytes = b"") -> Allocation:
         """See :meth:`Backend.allocate`; the reservation counts ``nbytes`` until written."""
         self._check_open()
-        check_allocation(key, nbytes, tag, max_block_bytes=self._max_block, tier=self.name)
-        if key in self._index or key in self._reserved:
-            raise BlockExistsError(f"a block or reservation exists under {key!r}", tier=self.name)
-        used = self._physical + self._reserved_bytes
-        if used + nbytes > self._capacity:
-            raise CapacityError(
-                f"cannot reserve {nbytes} bytes: {self._capacity - used} of {self._capacity} free", tier=self.name
-            )
-        self._handle += 1
-        self._reserved[key] = _Res(nbytes, bytes(tag), self._handle)
-        self._reserved_bytes += nbytes
-        self._logical += nbytes
-        return Allocation(key, nbytes, bytes(tag), self._handle)
+        return self._ledger.reserve(key, nbytes, tag, committed=self._index)
 
     async def write(self, allocation: Allocation, data: Buffer) -> None:
         """See :meth:`Backend.write`: published durably (the :meth:`write_many` path)."""
@@ -1322,17 +1289,8 @@ class PfsBackend(Backend):
                 self._evictions += 1
                 out.append(True)
                 continue
-            res = self._reserved.get(key)
-            if res is not None:
-                del self._reserved[key]
-                self._logical -= res.nbytes
-                if res.counted:
-                    self._reserved_bytes -= res.nbytes
-                    res.counted = False
-                res.dropped = True
-                out.append(True)
-                continue
-            out.append(False)
+            # a reservation: a write in flight undoes what it published
+            out.append(self._ledger.drop(key) is not None)
         await self._run_undo(undo)
         return out
 
@@ -1378,13 +1336,10 @@ class PfsBackend(Backend):
     def _raw_files(self, op: str, block_bytes: int, count: int, concurrency: int) -> Any:
         from concurrent.futures import ThreadPoolExecutor
 
-        from tierkv_conformance._envelope import batch_blocks
-        from tierkv_conformance._reference import RawMeasurement
-
         d = self._root / "tmp" / f"raw-{os.getpid()}-{uuid.uuid4().hex}"
         d.mkdir()
         data = np.random.default_rng(1).integers(0, 256, block_bytes, dtype=np.uint8)
-        ring = max(1, concurrency) * batch_blocks(block_bytes, count) if op == "read" else 0
+        ring = max(1, concurrency) * certify_batch(block_bytes, count) if op == "read" else 0
         bufs = [np.ones(block_bytes, dtype=np.uint8) for _ in range(ring)]
 
         def put(i: int) -> None:
@@ -1425,9 +1380,9 @@ class PfsBackend(Backend):
             tier=self.name,
             kind=TierKind.PFS,
             capacity_bytes=self._capacity,
-            used_bytes=self._physical + self._reserved_bytes,
+            used_bytes=self._ledger.used_bytes,
             blocks=len(self._index),
-            reserved_bytes=self._reserved_bytes,
+            reserved_bytes=self._ledger.reserved_bytes,
             reads=self._reads,
             writes=self._writes,
             evictions=self._evictions,
@@ -1440,7 +1395,7 @@ class PfsBackend(Backend):
                 "format": _FORMAT,
                 "publish": "O_TMPFILE + linkat" if self._tmpfile else "temp file + rename",
                 "dedup": self._dedup,
-                "logical_bytes": self._logical,
+                "logical_bytes": self._ledger.logical_bytes,
                 "content_files": len(self._objs),
                 "dedup_hits": self._dedup_hits,
                 "integrity_failures": self._integrity_failures,
@@ -1466,25 +1421,24 @@ class PfsBackend(Backend):
             raise InputError(f"write_many: {len(allocations)} allocations but {len(datas)} buffers")
         self._check_open()
         errors: list[Exception] = []
-        items: list[tuple[str, _Res, memoryview, str]] = []
+        items: list[tuple[str, Reservation, memoryview, str]] = []
         for a, d in zip(allocations, datas, strict=True):
-            key = a.key if isinstance(a, Allocation) else ""
-            res = self._reserved.get(key)
-            if res is None or res.handle != a.handle or res.writing:
-                errors.append(BlockNotFoundError(f"unknown or already written allocation {a!r}", tier=self.name))
+            try:
+                res = self._ledger.claim(a)
+            except BlockNotFoundError as exc:
+                errors.append(exc)
                 continue
             try:
                 src = as_byte_view(d)
             except InputError as exc:
-                self._release(key, res)
+                self._ledger.abort(res)
                 errors.append(exc)
                 continue
             if src.nbytes != res.nbytes:
-                self._release(key, res)
+                self._ledger.abort(res)
                 errors.append(InputError(f"[{self.name}] data has {src.nbytes} bytes, allocation has {res.nbytes}"))
                 continue
-            res.writing = True
-            items.append((key, res, src, dedup_scope(res.tag, self._dedup)))
+            items.append((res.key, res, src, dedup_scope(res.tag, self._dedup)))
         if not items:
             if errors:
                 raise errors[0]
@@ -1534,8 +1488,8 @@ class PfsBackend(Backend):
         except BaseException:
             with anyio.CancelScope(shield=True):
                 undo = _Undo()
-                for i, (key, res, src, scope) in enumerate(items):
-                    self._release(key, res)
+                for i, (_key, res, src, scope) in enumerate(items):
+                    self._ledger.abort(res)
                     p = puts[i]
                     if p is not None:
                         undo.records.append(_Rec(p.name, p.ino, src.nbytes, res.tag, scope, b"", p.sha))
@@ -1563,18 +1517,13 @@ class PfsBackend(Backend):
                 else _Rec(p.name, p.ino, res.nbytes, res.tag, scope, p.pfx, p.sha, bytes.fromhex(p.sha))
             )
             if err is not None:
-                self._release(key, res)
+                self._ledger.abort(res)
                 if rec is not None:
                     undo.records.append(rec)
                 errors.append(err)
                 continue
             assert rec is not None and p is not None
-            del self._reserved[key]
-            res.writing = False
-            if res.counted:
-                self._reserved_bytes -= res.nbytes
-                res.counted = False
-            self._add(key, rec)
+            self._ledger.commit(res, held=self._add(key, rec))  # pending: neither dropped nor closed
             self._writes += 1
             self._bytes_written += res.nbytes
             self._dedup_hits += not p.fresh

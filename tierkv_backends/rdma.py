@@ -49,7 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -63,9 +63,12 @@ from tierkv.backend import (
     BackendStats,
     Buffer,
     Capabilities,
+    RawMeasurement,
+    Reservation,
+    ReservationLedger,
     TierKind,
     as_byte_view,
-    check_allocation,
+    certify_batch,
     opt_bool,
     opt_choice,
     opt_float,
@@ -78,9 +81,7 @@ from tierkv.backend import (
 from tierkv.errors import (
     BackendError,
     BackendIOError,
-    BlockExistsError,
     BlockNotFoundError,
-    CapacityError,
     ConfigError,
     InputError,
     IntegrityError,
@@ -88,9 +89,6 @@ from tierkv.errors import (
 )
 
 from ._mooncake import MasterProcess, MasterStartError, code_name, translate
-
-if TYPE_CHECKING:
-    from tierkv_conformance._reference import RawMeasurement
 
 __all__ = ["HEADER_BYTES", "RdmaBackend"]
 
@@ -404,11 +402,12 @@ class RdmaBackend(Backend):
         self._direct = False  # TCP: payloads move straight from/to the caller's buffers
         self._devices: list[str] = []
         self._discovery: dict[str, Any] = {}
-        self._pending: dict[str, Allocation] = {}
         self._committed: dict[str, tuple[int, int]] = {}  # key -> (nbytes, tag length)
-        self._used = 0
-        self._reserved = 0
-        self._handles = itertools.count(1)
+        # this client's reservations and budget (``capacity``), committed blocks included
+        self._ledger: ReservationLedger[Reservation] = ReservationLedger(
+            tier=self.name, capacity=self._capacity, max_block_bytes=self._max_block
+        )
+        self._raw_runs = itertools.count(1)
         self._raw_threads: dict[tuple[str, int, int, int, int], int] = {}  # raw_reference's choice
         self._c = {
             "reads": 0,
@@ -459,7 +458,6 @@ class RdmaBackend(Backend):
             alignment=1,
             max_block_bytes=self._max_block,
             max_concurrency=self._max_conc,
-            envelope_threshold=0.9,
         )
 
     @property
@@ -558,9 +556,7 @@ class RdmaBackend(Backend):
             await anyio.to_thread.run_sync(work, abandon_on_cancel=True)
 
     async def _close(self) -> None:
-        self._used -= self._reserved
-        self._reserved = 0
-        self._pending.clear()
+        self._ledger.clear()
         with anyio.CancelScope(shield=True):
             await self._teardown()
 
@@ -646,45 +642,19 @@ class RdmaBackend(Backend):
         """A block this client committed is gone from the pool (not by our evict)."""
         entry = self._committed.pop(key, None)
         if entry is not None:
-            self._used -= entry[0]
+            self._ledger.release(entry[0])
             self._c["evicted_remotely"] += 1
 
     # ----------------------------------------------------------------------- data
     async def allocate(self, key: str, nbytes: int, *, tag: bytes = b"") -> Allocation:
         """Reserve ``nbytes`` under ``key`` in this client's budget (see the class doc)."""
         self._check_open()
-        return self._allocate(key, nbytes, tag)
+        return self._ledger.reserve(key, nbytes, tag, committed=self._committed)
 
     async def allocate_many(self, items: Sequence[tuple[str, int, bytes]]) -> list[Allocation]:
         """Reserve several blocks, all or nothing (local bookkeeping only: no round trip)."""
         self._check_open()
-        done: list[Allocation] = []
-        try:
-            for key, nbytes, tag in items:
-                done.append(self._allocate(key, nbytes, tag))
-        except BaseException:
-            for a in done:
-                self._drop_pending(a)
-            raise
-        return done
-
-    def _allocate(self, key: str, nbytes: int, tag: bytes) -> Allocation:
-        check_allocation(key, nbytes, tag, max_block_bytes=self._max_block, tier=self.name)
-        if key in self._committed or key in self._pending:
-            raise BlockExistsError(f"block {key!r} exists", tier=self.name)
-        if self._used + nbytes > self._capacity:
-            raise CapacityError(f"{nbytes} bytes do not fit ({self._used}/{self._capacity} used)", tier=self.name)
-        a = Allocation(key, nbytes, tag, next(self._handles))
-        self._pending[key] = a
-        self._used += nbytes
-        self._reserved += nbytes
-        return a
-
-    def _drop_pending(self, a: Allocation) -> None:
-        if self._pending.get(a.key) is a:
-            del self._pending[a.key]
-            self._used -= a.nbytes
-            self._reserved -= a.nbytes
+        return self._ledger.reserve_many(items, committed=self._committed)
 
     async def write(self, allocation: Allocation, data: Buffer) -> None:
         """Put the block (one ``batch_put_from``); see :meth:`Backend.write`."""
@@ -763,25 +733,20 @@ class RdmaBackend(Backend):
         self._check_open()
         if len(allocations) != len(datas):
             raise InputError(f"write_many: {len(allocations)} allocations but {len(datas)} buffers")
-        allocs: list[Allocation] = []
-        for allocation in allocations:
-            a = self._pending.get(allocation.key)
-            if a is None or a.handle != allocation.handle:
-                for b in allocs:
-                    self._drop_pending(b)
-                raise BlockNotFoundError(f"no reservation for {allocation.key!r}", tier=self.name)
-            allocs.append(a)
+        allocs: list[Reservation] = []
         views: list[memoryview] = []
-        for a, d in zip(allocs, datas, strict=True):
-            try:
+        try:
+            for allocation in allocations:
+                allocs.append(self._ledger.claim(allocation))
+            for a, d in zip(allocs, datas, strict=True):
                 mv = as_byte_view(d)
                 if len(mv) != a.nbytes:
                     raise InputError(f"[{self.name}] write of {len(mv)} bytes into a {a.nbytes}-byte allocation")
-            except InputError:
-                for b in allocs:
-                    self._drop_pending(b)
-                raise
-            views.append(mv)
+                views.append(mv)
+        except BaseException:
+            for a in allocs:
+                self._ledger.abort(a)
+            raise
         items = [(self._skey(a.key), a.tag, mv) for a, mv in zip(allocs, views, strict=True)]
         abandoned = threading.Event()
         deadline = time.monotonic() + self._timeout
@@ -790,22 +755,19 @@ class RdmaBackend(Backend):
         except BaseException:
             abandoned.set()
             for a in allocs:
-                self._drop_pending(a)
+                self._ledger.abort(a)
             with anyio.CancelScope(shield=True):
                 await self._remove_quietly([k for k, _, _ in items])
             raise
         first: BackendError | None = None
         gone: list[str] = []
         for a, code in zip(allocs, codes, strict=True):
-            still = self._pending.get(a.key) is a and not self._closed
-            if code == 0 and still:
-                del self._pending[a.key]
-                self._reserved -= a.nbytes
+            if code == 0 and self._ledger.commit(a):
                 self._committed[a.key] = (a.nbytes, len(a.tag))
                 self._c["writes"] += 1
                 self._c["bytes_written"] += a.nbytes
                 continue
-            self._drop_pending(a)
+            self._ledger.abort(a)
             if code == 0:  # evicted or closed while in flight: nothing stays visible
                 gone.append(self._skey(a.key))
                 err: BackendError = BlockNotFoundError(
@@ -1044,7 +1006,7 @@ class RdmaBackend(Backend):
                 self._c["integrity_failures"] += 1
                 entry = self._committed.pop(k, None)
                 if entry is not None:
-                    self._used -= entry[0]
+                    self._ledger.release(entry[0])
                 err = IntegrityError(f"block {k!r} failed verification ({g.integrity}); quarantined", tier=self.name)
             elif g.too_small >= 0:
                 err = InputError(f"[{self.name}] into is too small for block {k!r} of {g.too_small} bytes")
@@ -1091,9 +1053,7 @@ class RdmaBackend(Backend):
         result = [False] * len(keys)
         remote: list[int] = []
         for i, k in enumerate(keys):
-            a = self._pending.get(k)
-            if a is not None:
-                self._drop_pending(a)
+            if self._ledger.drop(k) is not None:  # a write in flight removes what it put
                 result[i] = True
             else:
                 remote.append(i)
@@ -1109,7 +1069,7 @@ class RdmaBackend(Backend):
             if code == 0:
                 entry = self._committed.pop(k, None)
                 if entry is not None:
-                    self._used -= entry[0]
+                    self._ledger.release(entry[0])
                 self._c["evictions"] += 1
                 result[i] = True
             elif code in _NOT_FOUND:
@@ -1201,9 +1161,9 @@ class RdmaBackend(Backend):
             tier=self.name,
             kind=TierKind.RDMA,
             capacity_bytes=self._capacity,
-            used_bytes=self._used,
+            used_bytes=self._ledger.used_bytes,
             blocks=len(self._committed),
-            reserved_bytes=self._reserved,
+            reserved_bytes=self._ledger.reserved_bytes,
             reads=self._c["reads"],
             writes=self._c["writes"],
             evictions=self._c["evictions"],
@@ -1221,7 +1181,7 @@ class RdmaBackend(Backend):
         the batches the envelope gives the backend.
 
         Moves ``count`` objects of ``block_bytes`` in batches of
-        ``batch_blocks(block_bytes, count)`` objects (one ``batch_put_from`` /
+        ``certify_batch(block_bytes, count)`` objects (one ``batch_put_from`` /
         ``batch_get_into`` per batch) from and into this backend's registered
         arena, on the number of threads (powers of two up to ``concurrency``)
         that was fastest for this (op, size, batch, concurrency): chosen once by
@@ -1236,9 +1196,6 @@ class RdmaBackend(Backend):
         Raises InputError (bad arguments), BackendIOError (a call failed or
         the arena could not hold the buffers).
         """
-        from tierkv_conformance._envelope import batch_blocks
-        from tierkv_conformance._reference import RawMeasurement
-
         self._check_open()
         if op not in ("write", "read"):
             raise InputError(f"raw_reference: op must be 'write' or 'read', got {op!r}")
@@ -1248,12 +1205,12 @@ class RdmaBackend(Backend):
             )
         staging, store = self._staging, self._store
         assert staging is not None
-        per = batch_blocks(block_bytes, count)
+        per = certify_batch(block_bytes, count)
         most = max(1, min(concurrency, -(-count // per), (staging.size // 2) // (per * block_bytes)))
         if most * per * block_bytes > staging.size // 2 and per > 1:
             raise InputError(f"raw_reference: a batch of {per} x {block_bytes} B does not fit the staging arena")
         candidates = sorted({most, *(1 << i for i in range(most.bit_length()) if 1 << i <= most)})
-        base = f"tierkv/{self._namespace}/__raw__{next(self._handles)}"
+        base = f"tierkv/{self._namespace}/__raw__{next(self._raw_runs)}"
         keys = [f"{base}.{i}" for i in range(count)]
         batches = [keys[i : i + per] for i in range(0, count, per)]
         ident = (op, block_bytes, per, count, concurrency)

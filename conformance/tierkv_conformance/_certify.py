@@ -7,15 +7,16 @@ envelope against a raw reference, detects the hardware, and writes
 
 Verdict:
   CERTIFIED        every test passed, the backend ran on its real hardware
-                   (``stats().emulated`` is false) and every envelope ratio is
-                   >= ``capabilities.envelope_threshold`` (rows of blocks below
-                   ``capabilities.envelope_small_block_bytes`` are graded by
-                   their batched time per block instead, <=
-                   ``capabilities.envelope_small_block_us``);
+                   (``stats().emulated`` is false) and its envelope meets the pass
+                   rule of its tier kind (:data:`~tierkv_conformance._rules.PASS_RULES`,
+                   the suite's: every ratio >= the kind's ``min_ratio``; where the
+                   rule has a small-block bound, rows of smaller blocks graded by
+                   their batched time per block instead);
   PASSED-EMULATED  every test passed, but the backend ran on a stand-in
                    (never CERTIFIED on emulation);
-  FAILED           anything else (a failed test, a ratio below the threshold or
+  FAILED           anything else (a failed test, a ratio below the rule or
                    missing, the backend could not be opened).
+A backend cannot move its bar: it declares only what it is (tier kind, emulated).
 Exit status: 0 unless FAILED (1); 2 for a usage or loading error.
 """
 
@@ -42,9 +43,10 @@ from tierkv.errors import TierKVError
 from ._envelope import EnvelopeRow, measure_envelope, storage_dir
 from ._hardware import detect_hardware
 from ._loader import backend_distribution, load_backend_class
+from ._rules import PassRule, pass_rule
 from ._runner import TestOutcome, load_config, run_suite, substitute
 
-__all__ = ["build_verdict", "main", "render_markdown"]
+__all__ = ["build_verdict", "grade", "main", "render_markdown"]
 
 _SECRET_WORDS = ("password", "secret", "token", "credential", "key_file")
 
@@ -106,13 +108,23 @@ def build_verdict(
             low.append(f"envelope {size} B {r['op']}: ratio {r.get('ratio')} below threshold {threshold}")
     if low:
         return "FAILED", low
-    rule = f"every envelope ratio >= {threshold}"
-    if small_block_bytes:
-        rule = (
-            f"every envelope ratio >= {threshold} for blocks >= {small_block_bytes} B, "
-            f"and <= {small_block_us} us per block below"
-        )
+    rule = PassRule(threshold, small_block_bytes, small_block_us if small_block_bytes else 0.0).describe()
     return "CERTIFIED", [f"all tests passed on real hardware; {rule}"]
+
+
+def grade(
+    tests: Mapping[str, Any], emulated: bool, envelope: Sequence[Mapping[str, Any]], rule: PassRule, error: str = ""
+) -> tuple[str, list[str]]:
+    """:func:`build_verdict` under ``rule`` (the pass rule of the backend's tier kind)."""
+    return build_verdict(
+        tests,
+        emulated,
+        envelope,
+        rule.min_ratio,
+        error,
+        small_block_bytes=rule.small_block_bytes,
+        small_block_us=rule.small_block_us,
+    )
 
 
 async def _envelope(
@@ -145,12 +157,7 @@ def render_markdown(cert: Mapping[str, Any]) -> str:
         f"- tierkv {cert['tierkv_version']}, backend API {cert['api_version']}",
         f"- emulated: {'yes' if cert['emulated'] else 'no'}; data path: {cert.get('io_path') or '?'}",
         f"- tests: {t['passed']} passed, {t['failed']} failed, {t['skipped']} skipped",
-        f"- envelope threshold: {cert['envelope_threshold']}"
-        + (
-            f" (blocks < {cert['envelope_small_block_bytes']} B graded by <= {cert['envelope_small_block_us']} us per block)"
-            if cert.get("envelope_small_block_bytes")
-            else ""
-        ),
+        f"- pass rule ({cert['pass_rule']['source']}): {cert['pass_rule']['text']}",
         f"- date: {cert['created']}; duration {cert['duration_s']} s",
         "",
         "## Verdict reasons",
@@ -264,18 +271,14 @@ def main(argv: list[str]) -> int:
         hw_path = storage_dir(env_options, env_dir)
         hardware = detect_hardware(hw_path)
         dist, version = backend_distribution(cls, a.name)
-        caps_info = info.get("capabilities", {})
-        threshold = float(caps_info.get("envelope_threshold", 0.8))
-        small_bytes = int(caps_info.get("envelope_small_block_bytes", 0))
-        small_us = float(caps_info.get("envelope_small_block_us", 20.0))
+        kind = str(info.get("tier_kind") or "other")  # unknown when the envelope could not run
+        rule = pass_rule(kind)
         envelope = [asdict(r) for r in rows]
         for r in envelope:
             g = float(r.get("gbps") or 0.0)
             r["us_per_block"] = round(r["block_bytes"] / (g * 1e9) * 1e6, 2) if g > 0 else None
         emulated = bool(info.get("emulated", False))
-        verdict, reasons = build_verdict(
-            tests, emulated, envelope, threshold, error, small_block_bytes=small_bytes, small_block_us=small_us
-        )
+        verdict, reasons = grade(tests, emulated, envelope, rule, error)
         cert: dict[str, Any] = {
             "backend": a.name,
             "backend_class": f"{cls.__module__}.{cls.__qualname__}",
@@ -296,9 +299,14 @@ def main(argv: list[str]) -> int:
             "emulated": emulated,
             "hardware": hardware,
             "tests": tests,
-            "envelope_threshold": threshold,
-            "envelope_small_block_bytes": small_bytes,
-            "envelope_small_block_us": small_us,
+            "pass_rule": {
+                "source": f"the suite's rule for tier kind {kind!r} (tierkv_conformance PASS_RULES)",
+                "min_ratio": rule.min_ratio,
+                "small_block_bytes": rule.small_block_bytes,
+                "small_block_us": rule.small_block_us,
+                "text": rule.describe(),
+            },
+            "sized_instances": bool(cls.certification.options_for_block),
             "envelope": envelope,
             "verdict": verdict,
             "verdict_reasons": reasons,

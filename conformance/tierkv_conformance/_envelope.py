@@ -32,7 +32,7 @@ the same number of blocks of the same size:
   row: one source block, one ring of a batch's worth of buffers per task or thread,
   the sources of writes and destinations of reads), since on a virtual disk the speed
   of O_DIRECT depends on where the guest placed a buffer's pages; and a backend may give its own
-  configuration per block size (``envelope_options(options, block_bytes)``,
+  configuration per block size (``certification.options_for_block(options, block_bytes)``,
   e.g. slots of that size; the row's ``note`` says so);
 * anything else: the backend's own :class:`SupportsRawReference`, else none
   (then the row has no ratio and the backend cannot be CERTIFIED).
@@ -61,9 +61,16 @@ import anyio
 import anyio.to_thread
 import numpy as np
 
-from tierkv.backend import Backend, TierKind
+from tierkv.backend import (
+    CERTIFY_BATCH_BYTES,
+    Backend,
+    CertificationProfile,
+    RawMeasurement,
+    SupportsRawReference,
+    TierKind,
+    certify_batch,
+)
 
-from ._reference import RawMeasurement, SupportsRawReference
 from ._suite import block_key
 
 __all__ = [
@@ -82,9 +89,13 @@ KiB, MiB, GiB = 1024, 1024 * 1024, 1024 * 1024 * 1024
 BLOCK_SIZES = (16 * KiB, 256 * KiB, 2 * MiB)
 #: Block sizes measured in addition for some tier kinds (rdma: its acceptance figure is at 1 and 4 MiB).
 _EXTRA_SIZES: dict[TierKind, tuple[int, ...]] = {TierKind.RDMA: (1 * MiB, 4 * MiB)}
-#: rdma on a loopback shares the CPUs and the memory bandwidth with its raw reference, so its
-#: rows get an untimed warm-up pair and more repetitions (medians of both, as for every row).
-_RDMA_REPS = 9
+#: A network tier (rdma, remote) on a loopback shares the CPUs and the memory bandwidth with
+#: its own raw reference (and a server's memory warms up on first use), so its rows get an
+#: untimed warm-up pair and more repetitions (medians of both, as for every row); three even
+#: with ``quick``, whose single repetition of a few batches measures the scheduler's mood.
+_NETWORK_REPS = 9
+_NETWORK_QUICK_REPS = 3
+_NETWORK = {TierKind.RDMA, TierKind.REMOTE, TierKind.OTHER}
 #: Storage media (and the virtual disks of cloud machines above all) vary from one second to
 #: the next: storage rows get more repetitions than memory rows. For every tier the backend
 #: and raw sides alternate which goes first in each repetition, so that neither always runs
@@ -111,7 +122,7 @@ class EnvelopeRow:
     raw_method: str
     count: int
     concurrency: int
-    note: str = ""  # e.g. the backend's own configuration for this block size (envelope_options)
+    note: str = ""  # e.g. the backend's own configuration for this block size (options_for_block)
     ratio_lo: float | None = None  # lowest per-repetition paired ratio
     ratio_hi: float | None = None  # highest per-repetition paired ratio
 
@@ -283,14 +294,14 @@ def raw_odirect(
 
 # ----------------------------------------------------------------------------- backend side
 #: Bytes per batch call when measuring throughput (an engine moves a request's
-#: blocks in one batch call).
-BATCH_BYTES = 8 * MiB
+#: blocks in one batch call); :data:`tierkv.backend.CERTIFY_BATCH_BYTES`.
+BATCH_BYTES = CERTIFY_BATCH_BYTES
 #: Single-operation samples per (size, op, repetition) for the latency columns.
 LATENCY_SAMPLES = 16
 
 
-def batch_blocks(block_bytes: int, count: int) -> int:
-    return max(1, min(count, BATCH_BYTES // max(1, block_bytes)))
+#: blocks per batch call (:func:`tierkv.backend.certify_batch`)
+batch_blocks = certify_batch
 
 
 def _page_aligned(nbytes: int) -> memoryview:
@@ -480,14 +491,18 @@ async def measure_envelope(
     # memory tiers: one stream on each side (the raw memcpy is one stream);
     # storage and network tiers: the backend's concurrency on both sides
     concurrency = 1 if caps.tier_kind in _MEMORY else max(1, min(caps.max_concurrency, 32))
-    rdma = b if caps.tier_kind is TierKind.RDMA and isinstance(b, SupportsRawReference) else None
-    reps = 1 if quick else (_RDMA_REPS if rdma is not None else _STORAGE_REPS if caps.tier_kind in _STORAGE else 5)
+    network = caps.tier_kind in _NETWORK and isinstance(b, SupportsRawReference)
+    if network:
+        reps = _NETWORK_QUICK_REPS if quick else _NETWORK_REPS
+    else:
+        reps = 1 if quick else _STORAGE_REPS if caps.tier_kind in _STORAGE else 5
     target = 16 * MiB if quick else STORAGE_TARGET_BYTES if caps.tier_kind in _STORAGE else TARGET_BYTES
     rows: list[EnvelopeRow] = []
     for size in sorted({*BLOCK_SIZES, *_EXTRA_SIZES.get(caps.tier_kind, ())}):
         cur, cur_options, note = b, options, ""
-        tune = getattr(type(b), "envelope_options", None)
-        sized_options = tune(options, size) if callable(tune) and size <= caps.max_block_bytes else None
+        profile = getattr(type(b), "certification", None)
+        tune = profile.options_for_block if isinstance(profile, CertificationProfile) else None
+        sized_options = tune(options, size) if tune is not None and size <= caps.max_block_bytes else None
         if sized_options is not None:  # the backend's own configuration for blocks of this size
             cur = await type(b).open(sized_options)
             cur_options = sized_options
@@ -515,14 +530,14 @@ async def measure_envelope(
                 lat: list[float] = []
                 raw: list[float] = []
                 method = ""
-                ref = cur if rdma is not None and isinstance(cur, SupportsRawReference) else None
+                ref = cur if network and isinstance(cur, SupportsRawReference) else None
                 # storage rows against the O_DIRECT reference: both sides use the same buffers
                 memory = (
                     IoMemory.allocate(size, concurrency, batch_blocks(size, count))
                     if caps.tier_kind in _STORAGE and not isinstance(cur, SupportsRawReference)
                     else None
                 )
-                if ref is not None and not quick:  # untimed warm-up pair (connections, caches, raw thread count)
+                if ref is not None:  # untimed warm-up pair (connections, caches, a server's memory, raw threads)
                     await _measure_backend(cur, op, size, count, concurrency, reps)
                     await ref.raw_reference(op, size, count, concurrency)
                 for rep in range(reps):

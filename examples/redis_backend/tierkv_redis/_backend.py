@@ -1,4 +1,4 @@
-"""A tierkv backend storing blocks on a Redis server.
+"""A tierkv backend storing blocks on a Redis server, written against ``tierkv.backend`` alone.
 
 Options (all optional):
     host, port, db       server address (default 127.0.0.1:6379, db 0)
@@ -11,20 +11,25 @@ Options (all optional):
     redis_server         the redis-server executable for spawn_server (default: found on PATH)
     workdir              working directory of a spawned server
 
-Design: the synchronous ``redis`` client runs in worker threads (``anyio.to_thread``
-with a limiter), so the backend works under asyncio and trio alike. Reservations
-and capacity are tracked locally; a commit is one MULTI/EXEC transaction that
-SETs the block (``magic | tag length | tag | data``) and adds the key to the
-tier's index set, so a block is either wholly visible or absent. Other
-instances with the same prefix see committed blocks (shared=True) and rebuild
-their accounting from the index on open. A block lost by the server (its own
-maxmemory eviction) is reported as BlockNotFoundError.
+Design: the synchronous ``redis`` client runs in worker threads
+(:func:`tierkv.backend.run_blocking` with a limiter), so the backend works under
+asyncio and trio alike. Reservations and capacity are kept by a
+:class:`tierkv.backend.ReservationLedger`. A block is the Redis string
+``<prefix>b:<key>`` holding its bytes as they are (sent from the caller's buffer
+without a copy), and a field of the tier's index hash ``<prefix>index``
+(``magic | nbytes | tag``). A batch of blocks is one pipeline: the SETs, then one
+HSET of their index fields, so a block is listed only once its bytes are stored
+(a crash in between leaves an unlisted string, never a listed torn block); on a
+private server (``spawn_server``) nobody else reads the index, so there is none. Reads
+and evicts of a batch are one pipeline too. Other instances with the same prefix
+see committed blocks (shared=True) and rebuild their accounting from the index on
+open. A block lost by the server (its own maxmemory eviction) is reported as
+BlockNotFoundError; one whose stored length is not its listed size as IntegrityError.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import shutil
 import socket
@@ -33,45 +38,53 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio
 import anyio.to_thread
+import numpy as np
 import redis
-from tierkv_conformance import RawMeasurement
 
-from tierkv import (
-    MAX_TAG_BYTES,
+from tierkv.backend import (
     Allocation,
     Availability,
     Backend,
-    BackendIOError,
     BackendStats,
-    BlockExistsError,
     BlockInfo,
-    BlockNotFoundError,
     Buffer,
     Capabilities,
+    RawMeasurement,
+    Reservation,
+    ReservationLedger,
+    TierKind,
+    as_byte_view,
+    certify_batch,
+    into_view,
+    opt_bool,
+    opt_int,
+    opt_size,
+    opt_str,
+    reject_unknown,
+    run_blocking,
+    validate_key,
+)
+from tierkv.errors import (
+    BackendIOError,
+    BlockNotFoundError,
     CapacityError,
     InputError,
     IntegrityError,
     PluginUnavailableError,
-    TierKind,
-    as_byte_view,
-    check_allocation,
-    into_view,
-    validate_key,
 )
-from tierkv._backend import run_blocking
-from tierkv._options import opt_bool, opt_int, opt_size, opt_str, reject_unknown
 
 __all__ = ["RedisBackend"]
 
 T = TypeVar("T")
-_MAGIC = b"TKV1"
-_HDR = struct.Struct("<4sH")
+#: an index field: magic, block size, then the tag
+_MAGIC = b"TKV2"
+_META = struct.Struct("<4sQ")
 _KNOWN = frozenset(
     {
         "host",
@@ -112,11 +125,10 @@ class RedisBackend(Backend):
         self._server_exe = opt_str(o, "redis_server", "redis-server")
         self._workdir = opt_str(o, "workdir", "", allow_empty=True)
         self._index = f"{self._prefix}index"
-        self._blocks: dict[str, tuple[int, bytes]] = {}
-        self._pending: dict[str, Allocation] = {}
-        self._used = 0
-        self._reserved = 0
-        self._handles = itertools.count(1)
+        self._blocks: dict[str, tuple[int, bytes]] = {}  # committed: key -> (nbytes, tag)
+        self._ledger: ReservationLedger[Reservation] = ReservationLedger(
+            tier=self.name, capacity=self._capacity, max_block_bytes=self._max_block
+        )
         self._n = {"reads": 0, "writes": 0, "evictions": 0, "bytes_read": 0, "bytes_written": 0}
         self._client: redis.Redis | None = None
         self._proc: subprocess.Popen[bytes] | None = None
@@ -147,12 +159,6 @@ class RedisBackend(Backend):
             alignment=1,
             max_block_bytes=self._max_block,
             max_concurrency=self._max_conc,
-            # declared honestly: a commit is one MULTI/EXEC (SET + index SADD) where the raw
-            # client does a bare SET, and every read is checked, so large blocks reach about
-            # half the raw client's rate on loopback; small blocks are graded per block
-            envelope_threshold=0.25,
-            envelope_small_block_bytes=64 * 1024,
-            envelope_small_block_us=1000.0,
         )
 
     # ----------------------------------------------------------------- plumbing
@@ -210,7 +216,7 @@ class RedisBackend(Backend):
         )
         deadline = time.monotonic() + (10 if self._spawn else 0)
 
-        def connect() -> list[tuple[bytes, int, bytes]]:
+        def connect() -> list[tuple[str, int, bytes]]:
             while True:
                 try:
                     client.ping()
@@ -219,20 +225,17 @@ class RedisBackend(Backend):
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.05)
-            keys = sorted(k.decode() for k in client.smembers(self._index))
+            listed: list[tuple[str, int, bytes]] = []
+            index = cast(dict[bytes, bytes], client.hgetall(self._index))  # decode_responses=False: bytes
+            for k, meta in index.items():
+                if len(meta) >= _META.size and meta[:4] == _MAGIC:
+                    listed.append((k.decode(), _META.unpack_from(meta)[1], bytes(meta[_META.size :])))
             pipe = client.pipeline(transaction=False)
-            for k in keys:
-                pipe.getrange(self._key(k), 0, _HDR.size + MAX_TAG_BYTES - 1)
-                pipe.strlen(self._key(k))
-            res = pipe.execute()
-            out = []
-            for i, k in enumerate(keys):
-                head, total = res[2 * i], res[2 * i + 1]
-                if head and len(head) >= _HDR.size:
-                    magic, tl = _HDR.unpack_from(head)
-                    if magic == _MAGIC:
-                        out.append((k.encode(), total - _HDR.size - tl, head[_HDR.size : _HDR.size + tl]))
-            return out
+            for key, _, _ in listed:
+                pipe.strlen(self._key(key))
+            sizes = pipe.execute() if listed else []
+            # a listed block whose bytes the server lost (or that is torn) is not ours any more
+            return [b for b, size in zip(listed, sizes, strict=True) if size == b[1]]
 
         try:
             found = await self._run(connect, "connect")
@@ -243,13 +246,11 @@ class RedisBackend(Backend):
             raise
         self._client = client
         for k, n, tag in found:
-            self._blocks[k.decode()] = (n, tag)
-            self._used += n
+            self._blocks[k] = (n, tag)
+            self._ledger.restore(n)
 
     async def _close(self) -> None:
-        self._pending.clear()
-        self._used -= self._reserved
-        self._reserved = 0
+        self._ledger.clear()
         client, self._client = self._client, None
         with anyio.CancelScope(shield=True):
             if client is not None:
@@ -258,115 +259,165 @@ class RedisBackend(Backend):
 
     @property
     def _c(self) -> redis.Redis:
-        assert self._client is not None
+        if self._client is None:
+            raise BackendIOError("not connected", tier=self.name)
         return self._client
+
+    def _delete_sync(self, keys: Sequence[str]) -> None:
+        pipe = self._c.pipeline(transaction=False)
+        pipe.delete(*(self._key(k) for k in keys))
+        if not self._spawn:
+            pipe.hdel(self._index, *keys)
+        pipe.execute()
+
+    async def _delete_shielded(self, keys: Sequence[str]) -> None:
+        """Remove ``keys`` from the server whatever happens to the caller (best effort:
+        a failure leaves strings no index lists)."""
+        if keys:
+            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+                await anyio.to_thread.run_sync(self._delete_sync, keys, limiter=self._limiter)
 
     # --------------------------------------------------------------------- data
     async def allocate(self, key: str, nbytes: int, *, tag: bytes = b"") -> Allocation:
         self._check_open()
-        check_allocation(key, nbytes, tag, max_block_bytes=self._max_block, tier=self.name)
-        if key in self._blocks or key in self._pending:
-            raise BlockExistsError(f"block {key!r} exists", tier=self.name)
-        if self._used + nbytes > self._capacity:
-            raise CapacityError(f"{nbytes} bytes do not fit ({self._used}/{self._capacity} used)", tier=self.name)
-        a = Allocation(key, nbytes, tag, next(self._handles))
-        self._pending[key] = a
-        self._used += nbytes
-        self._reserved += nbytes
-        return a
+        return self._ledger.reserve(key, nbytes, tag, committed=self._blocks)
 
-    def _drop_pending(self, a: Allocation) -> None:
-        if self._pending.get(a.key) is a:
-            del self._pending[a.key]
-            self._used -= a.nbytes
-            self._reserved -= a.nbytes
-
-    def _delete_sync(self, key: str) -> None:
-        pipe = self._c.pipeline(transaction=True)
-        pipe.delete(self._key(key))
-        pipe.srem(self._index, key)
-        pipe.execute()
+    async def allocate_many(self, items: Sequence[tuple[str, int, bytes]]) -> list[Allocation]:
+        self._check_open()
+        return self._ledger.reserve_many(items, committed=self._blocks)
 
     async def write(self, allocation: Allocation, data: Buffer) -> None:
+        await self.write_many([allocation], [data])
+
+    async def write_many(self, allocations: Sequence[Allocation], datas: Sequence[Buffer]) -> None:
+        """One pipeline for the batch (SETs, then one HSET of the index). All blocks of
+        the batch commit, or none: a failure or cancellation leaves nothing visible and
+        releases every reservation of the batch; a block evicted meanwhile is removed
+        again and reported (BlockNotFoundError) after the others commit."""
+        if len(allocations) != len(datas):
+            raise InputError(f"write_many: {len(allocations)} allocations but {len(datas)} buffers")
         self._check_open()
-        a = self._pending.get(allocation.key)
-        if a is None or a.handle != allocation.handle:
-            raise BlockNotFoundError(f"no reservation for {allocation.key!r}", tier=self.name)
-        mv = as_byte_view(data)
-        if len(mv) != a.nbytes:
-            self._drop_pending(a)
-            raise InputError(f"[{self.name}] write of {len(mv)} bytes into a {a.nbytes}-byte allocation")
+        claimed: list[Reservation] = []
+        views: list[memoryview] = []
+        try:
+            for a, d in zip(allocations, datas, strict=True):
+                r = self._ledger.claim(a)
+                claimed.append(r)
+                mv = as_byte_view(d)
+                if len(mv) != r.nbytes:
+                    raise InputError(f"[{self.name}] write of {len(mv)} bytes into a {r.nbytes}-byte allocation")
+                views.append(mv)
+        except BaseException:
+            self._release(allocations, claimed)
+            raise
+        if not claimed:
+            return
         client = self._c
 
         def commit() -> None:
-            payload = b"".join((_HDR.pack(_MAGIC, len(a.tag)), a.tag, mv))
-            pipe = client.pipeline(transaction=True)  # MULTI ... EXEC
-            pipe.set(self._key(a.key), payload)
-            pipe.sadd(self._index, a.key)
+            pipe = client.pipeline(transaction=False)
+            for r, mv in zip(claimed, views, strict=True):
+                pipe.set(self._key(r.key), mv)  # the caller's bytes, sent without a copy
+            if not self._spawn:  # a private server has no other reader, and dies with this instance
+                pipe.hset(self._index, mapping={r.key: _META.pack(_MAGIC, r.nbytes) + r.tag for r in claimed})
             pipe.execute()
 
         try:
-            await self._run(commit, f"write {a.key!r}")
+            await self._run(commit, f"write of {len(claimed)} block(s)")
         except BaseException:
-            # failed or cancelled: the transaction may have run; make sure nothing stays visible
-            self._drop_pending(a)
-            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                await anyio.to_thread.run_sync(self._delete_sync, a.key)
+            # failed or cancelled: some of it may have run; make sure nothing stays visible
+            self._release(allocations, claimed)
+            await self._delete_shielded([r.key for r in claimed])
             raise
-        if self._pending.get(a.key) is not a or self._closed:
-            with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
-                await anyio.to_thread.run_sync(self._delete_sync, a.key)
-            raise BlockNotFoundError(f"reservation for {a.key!r} was dropped during write", tier=self.name)
-        del self._pending[a.key]
-        self._reserved -= a.nbytes
-        self._blocks[a.key] = (a.nbytes, a.tag)
-        self._n["writes"] += 1
-        self._n["bytes_written"] += a.nbytes
+        dropped = [r.key for r in claimed if not self._ledger.commit(r)]  # evicted (or closed) meanwhile
+        for r in claimed:
+            if r.key not in dropped:
+                self._blocks[r.key] = (r.nbytes, r.tag)
+                self._n["writes"] += 1
+                self._n["bytes_written"] += r.nbytes
+        if dropped:
+            await self._delete_shielded(dropped)
+            raise BlockNotFoundError(f"reservation for {dropped[0]!r} was dropped during write", tier=self.name)
+
+    def _release(self, allocations: Sequence[Allocation], claimed: list[Reservation]) -> None:
+        """Release the reservations of a batch that does not commit."""
+        for r in claimed:
+            self._ledger.abort(r)
+        for a in allocations:
+            left = self._ledger.get(a.key) if isinstance(a, Allocation) else None
+            if left is not None and left.handle == a.handle and not left.writing:
+                self._ledger.drop(a.key)
 
     async def read(self, key: str, *, into: Buffer | None = None) -> memoryview:
+        return (await self.read_many([key], into=None if into is None else [into]))[0]
+
+    async def read_many(self, keys: Sequence[str], *, into: Sequence[Buffer] | None = None) -> list[memoryview]:
+        """One pipeline of GETs for the batch; the first failing block raises."""
+        if into is not None and len(into) != len(keys):
+            raise InputError(f"read_many: {len(keys)} keys but {len(into)} buffers")
         self._check_open()
-        validate_key(key, tier=self.name)
-        entry = self._blocks.get(key)
-        if entry is None:
-            raise BlockNotFoundError(f"no block {key!r}", tier=self.name)
-        out: memoryview | None = None
-        if into is not None:
-            out = into_view(into, entry[0], tier=self.name)
+        entries: list[tuple[int, bytes]] = []
+        for k in keys:
+            validate_key(k, tier=self.name)
+            entry = self._blocks.get(k)
+            if entry is None:
+                raise BlockNotFoundError(f"no block {k!r}", tier=self.name)
+            entries.append(entry)
+        outs = [into_view(d, e[0], tier=self.name) for d, e in zip(into, entries, strict=True)] if into else None
+        if not keys:
+            return []
         client = self._c
-        # abandonable: the reply is copied into ``into`` here, after the thread returned
-        raw = await self._run(lambda: client.get(self._key(key)), f"read {key!r}", abandon=True)
-        if raw is None:
-            if self._blocks.get(key) is entry:  # lost by the server itself
-                del self._blocks[key]
-                self._used -= entry[0]
-            raise BlockNotFoundError(f"block {key!r} is gone from the server", tier=self.name)
-        magic, tl = _HDR.unpack_from(raw) if len(raw) >= _HDR.size else (b"", 0)
-        n = len(raw) - _HDR.size - tl
-        if magic != _MAGIC or n != entry[0]:
-            raise IntegrityError(f"block {key!r}: bad header or length {n} != {entry[0]}", tier=self.name)
-        body = memoryview(raw)[_HDR.size + tl :]
-        self._n["reads"] += 1
-        self._n["bytes_read"] += n
-        if out is not None:
-            out[:n] = body
-            return out[:n]
-        return memoryview(bytearray(body))
+
+        def fetch() -> list[bytes | None]:
+            pipe = client.pipeline(transaction=False)
+            for k in keys:
+                pipe.get(self._key(k))
+            return list(pipe.execute())
+
+        # abandonable: the replies are copied into ``into`` here, after the thread returned
+        raws = await self._run(fetch, f"read of {len(keys)} block(s)", abandon=True)
+        result: list[memoryview] = []
+        for i, (k, entry, raw) in enumerate(zip(keys, entries, raws, strict=True)):
+            if raw is None:
+                if self._blocks.get(k) is entry:  # lost by the server itself
+                    del self._blocks[k]
+                    self._ledger.release(entry[0])
+                raise BlockNotFoundError(f"block {k!r} is gone from the server", tier=self.name)
+            if len(raw) != entry[0]:
+                raise IntegrityError(f"block {k!r}: {len(raw)} bytes stored, {entry[0]} listed", tier=self.name)
+            if outs is not None:
+                outs[i][:] = raw
+                result.append(outs[i])
+            else:
+                result.append(memoryview(bytearray(raw)))
+        self._n["reads"] += len(keys)
+        self._n["bytes_read"] += sum(e[0] for e in entries)
+        return result
 
     async def evict(self, key: str) -> bool:
+        return (await self.evict_many([key]))[0]
+
+    async def evict_many(self, keys: Sequence[str]) -> list[bool]:
+        """The keys leave at once; one pipeline (shielded) removes them from the server."""
         self._check_open()
-        validate_key(key, tier=self.name)
-        a = self._pending.get(key)
-        if a is not None:
-            self._drop_pending(a)
-            return True
-        entry = self._blocks.pop(key, None)
-        if entry is None:
-            return False
-        self._used -= entry[0]
-        self._n["evictions"] += 1
-        with anyio.CancelScope(shield=True):
-            await self._run(lambda: self._delete_sync(key), f"evict {key!r}")
-        return True
+        for k in keys:
+            validate_key(k, tier=self.name)
+        out: list[bool] = []
+        gone: list[str] = []
+        for k in keys:
+            if self._ledger.drop(k) is not None:  # a write in flight removes its own bytes
+                out.append(True)
+                continue
+            entry = self._blocks.pop(k, None)
+            out.append(entry is not None)
+            if entry is not None:
+                self._ledger.release(entry[0])
+                gone.append(k)
+        if gone:
+            self._n["evictions"] += len(gone)
+            with anyio.CancelScope(shield=True):
+                await self._run(lambda: self._delete_sync(gone), f"evict of {len(gone)} block(s)")
+        return out
 
     async def contains(self, key: str) -> bool:
         self._check_open()
@@ -382,10 +433,10 @@ class RedisBackend(Backend):
             tier=self.name,
             kind=TierKind.REMOTE,
             capacity_bytes=self._capacity,
-            used_bytes=self._used,
+            used_bytes=self._ledger.used_bytes,
             blocks=len(self._blocks),
-            reserved_bytes=self._reserved,
-            io_path=f"redis-py (sync client in worker threads) to {self._host}:{self._port}",
+            reserved_bytes=self._ledger.reserved_bytes,
+            io_path=f"redis-py (sync client in worker threads, a pipeline per batch) to {self._host}:{self._port}",
             emulated=False,
             details={"spawned_server": self._spawn, "prefix": self._prefix},
             **self._n,
@@ -393,29 +444,42 @@ class RedisBackend(Backend):
 
     # ------------------------------------------------------- tierkv certify hook
     async def raw_reference(self, op: str, block_bytes: int, count: int, concurrency: int) -> RawMeasurement:
-        """Plain-client SET/GET of ``count`` values of ``block_bytes`` (``SupportsRawReference``)."""
+        """The plain client (``SupportsRawReference``): ``count`` values of ``block_bytes``
+        SET or GET in the envelope's batches (one pipeline each, :func:`certify_batch`),
+        ``concurrency`` threads each taking the next batch; no index, no checks, no copy.
+        Writes send from a ring of a batch's worth of distinct buffers per thread: the
+        memory the envelope's tasks write from on the backend's side."""
         self._check_open()
         client = self._c
         keys = [f"{self._prefix}raw:{i}" for i in range(count)]
-        value = os.urandom(block_bytes)
+        per = certify_batch(block_bytes, count)
+        batches = [keys[i : i + per] for i in range(0, count, per)]
+        rng = np.random.default_rng(count)
+        rings = [
+            [rng.integers(0, 256, block_bytes, dtype=np.uint8).tobytes() for _ in range(per if op == "write" else 1)]
+            for _ in range(concurrency)
+        ]
         if op == "read":
-            await self._run(lambda: client.mset({k: value for k in keys}), "raw setup")
-        it = iter(keys)
+            await self._run(lambda: client.mset(dict.fromkeys(keys, rings[0][0])), "raw setup")
+        it = iter(batches)
         lock = threading.Lock()
 
-        def worker() -> None:
+        def worker(ring: list[bytes]) -> None:
             while True:
                 with lock:
-                    k = next(it, None)
-                if k is None:
+                    batch = next(it, None)
+                if batch is None:
                     return
-                if op == "write":
-                    client.set(k, value)
-                else:
-                    client.get(k)
+                pipe = client.pipeline(transaction=False)
+                for j, k in enumerate(batch):
+                    if op == "write":
+                        pipe.set(k, ring[j % len(ring)])
+                    else:
+                        pipe.get(k)
+                pipe.execute()
 
         def run() -> float:
-            threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+            threads = [threading.Thread(target=worker, args=(rings[w],)) for w in range(concurrency)]
             t0 = time.perf_counter()
             for t in threads:
                 t.start()
@@ -428,4 +492,6 @@ class RedisBackend(Backend):
         finally:
             with anyio.CancelScope(shield=True):
                 await self._run(lambda: client.delete(*keys), "raw cleanup")
-        return RawMeasurement(block_bytes * count, dt, f"redis-py SET/GET, {concurrency} threads")
+        return RawMeasurement(
+            block_bytes * count, dt, f"redis-py pipelined SET/GET, {per} per batch, {concurrency} threads"
+        )
