@@ -147,7 +147,7 @@ def test_hf_config_errors_are_under_model_hf_config() -> None:
 
 
 def test_config_path_prefixes_fields_once() -> None:
-    from tierkv._options import config_path, opt_size, reject_unknown
+    from tierkv.backend import config_path, opt_size, reject_unknown
 
     with pytest.raises(ConfigError) as ei, config_path("tiers[0]"):
         reject_unknown({"capcity": "1GiB"}, frozenset({"capacity"}))

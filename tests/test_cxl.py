@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tierkv._backend import TierKind
-from tierkv._errors import ConfigError, PluginUnavailableError
+from tierkv.backend import TierKind
+from tierkv.errors import ConfigError, PluginUnavailableError
 from tierkv_backends.cxl import (
     CxlBackend,
     detect_cxl,

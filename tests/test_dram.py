@@ -8,8 +8,8 @@ import anyio
 import numpy as np
 import pytest
 
-from tierkv import _errors as E
-from tierkv._backend import Backend, TierKind
+from tierkv import errors as E
+from tierkv.backend import Backend, TierKind
 from tierkv_backends import dram as dram_mod
 from tierkv_backends.dram import DramBackend
 

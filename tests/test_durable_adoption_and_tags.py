@@ -12,8 +12,8 @@ import pytest
 
 import tierkv._engine._tierkv as core
 from tierkv import InputError, TierKV
-from tierkv._backend import Backend
 from tierkv._registry import load_backend_class
+from tierkv.backend import Backend
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conformance_ref import RefFileBackend

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tierkv._backend import Allocation, TierKind
-from tierkv._errors import (
+from tierkv.backend import Allocation, TierKind
+from tierkv.errors import (
     BlockExistsError,
     BlockNotFoundError,
     CapacityError,

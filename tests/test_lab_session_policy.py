@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierkv._errors import ConfigError
+from tierkv.errors import ConfigError
 from tierkv.lab.policies import LruPolicy, SessionOptions, SessionPolicy, session_class
 from tierkv.scheduler._survival import RenewalHazard, age_bin, bin_lower_edges, hit_density, km_survival
 

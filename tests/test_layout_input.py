@@ -17,7 +17,7 @@ import pytest
 from tierkv import Config, ConfigError, KVLayoutError, TierKV, TokensError
 from tierkv._layout import as_numpy_kv
 from tierkv._model import ModelSpec
-from tierkv._options import opt_path, opt_str
+from tierkv.backend import opt_path, opt_str
 
 HF = json.loads((Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text())
 BT = 16

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tierkv._errors import ConfigError, InputError
 from tierkv._model import ModelSpec
+from tierkv.errors import ConfigError, InputError
 
 CONFIGS = Path(__file__).parent / "data" / "hf_configs"
 FP16 = 2

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tierkv._backend import SupportsScan
-from tierkv._errors import (
+from tierkv.backend import SupportsScan
+from tierkv.errors import (
     BackendClosedError,
     BlockExistsError,
     BlockNotFoundError,

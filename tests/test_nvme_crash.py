@@ -24,7 +24,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tierkv._errors import IntegrityError
+from tierkv.errors import IntegrityError
 from tierkv_backends.nvme import NvmeBackend
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tierkv import _errors as E
-from tierkv._backend import MAX_TAG_BYTES, SupportsScan, TierKind
+from tierkv import errors as E
 from tierkv._engine._tags import pack_tag
+from tierkv.backend import MAX_TAG_BYTES, SupportsScan, TierKind
 from tierkv_backends import pfs as pfs_mod
 from tierkv_backends.pfs import PfsBackend
 

@@ -18,8 +18,8 @@ pytest.importorskip("mooncake.store", reason="needs mooncake-transfer-engine-non
 
 from tierkv_conformance._reference import RawMeasurement, SupportsRawReference
 
-from tierkv._backend import Capabilities, TierKind
-from tierkv._errors import (
+from tierkv.backend import Capabilities, TierKind
+from tierkv.errors import (
     BackendIOError,
     BlockExistsError,
     BlockNotFoundError,

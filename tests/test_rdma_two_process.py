@@ -24,7 +24,7 @@ import pytest
 
 pytest.importorskip("mooncake.store", reason="needs mooncake-transfer-engine-non-cuda and libibverbs1")
 
-from tierkv._errors import BackendIOError, BlockNotFoundError, CapacityError, IntegrityError
+from tierkv.errors import BackendIOError, BlockNotFoundError, CapacityError, IntegrityError
 from tierkv_backends._mooncake import MasterProcess
 from tierkv_backends.rdma import RdmaBackend
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tierkv._errors import ConfigError
+from tierkv.errors import ConfigError
 from tierkv.lab.policies import TierKVOptions, TierKVPolicy
 from tierkv.lab.replay import Trace, load_trace, replay, truncate
 from tierkv.scheduler._response import (

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from tierkv import CapacityError, IntegrityError, TierKV
-from tierkv._backend import OpenContext, run_blocking
-from tierkv._errors import BackendIOError, BlockNotFoundError
+from tierkv.backend import OpenContext, run_blocking
+from tierkv.errors import BackendIOError, BlockNotFoundError
 from tierkv_backends.nvme import NvmeBackend
 from tierkv_backends.pfs import PfsBackend
 

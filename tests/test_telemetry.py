@@ -22,11 +22,11 @@ from tierkv_conformance import FaultInjectingBackend
 from tierkv_conformance._faults import FaultConfig
 
 from tierkv import TierKV
-from tierkv._backend import Backend
 from tierkv._config import Config
 from tierkv._keys import block_keys, to_token_array
 from tierkv._registry import load_backend_class
 from tierkv._telemetry import DEFAULT_COST_PER_GB_HOUR, MISS_REASONS, Telemetry
+from tierkv.backend import Backend
 
 pytestmark = pytest.mark.anyio
 

@@ -75,11 +75,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ._errors import ConfigError
 from ._keys import Scope
 from ._model import ModelSpec
 from ._options import config_path, opt_bool, opt_choice, opt_float, opt_int, opt_size, opt_str, reject_unknown
 from ._scheduling import _KNOWN as _SCHEDULER_FIELDS
+from .errors import ConfigError
 from .scheduler import PlacementConfig, PredictorConfig
 
 __all__ = ["ENV_PREFIX", "KV_DTYPES", "Config", "TierConfig"]

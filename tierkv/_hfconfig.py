@@ -44,7 +44,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from ._errors import ConfigError
+from .errors import ConfigError
 
 __all__ = ["NON_KV_CONFIG_FIELDS", "canonical_layer_type", "forward_config_json", "read_hf_config"]
 

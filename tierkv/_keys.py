@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import ConfigError, TokensError
+from .errors import ConfigError, TokensError
 
 __all__ = ["SCHEMA_VERSION", "Scope", "block_keys", "tenant_salt", "to_token_array"]
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import KVLayoutError
 from ._model import ModelSpec
+from .errors import KVLayoutError
 
 __all__ = ["STORAGE_DTYPES", "as_numpy_kv", "block_slice", "token_axis"]
 

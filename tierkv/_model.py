@@ -74,9 +74,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, cast, get_args
 
-from ._errors import ConfigError, InputError
 from ._hfconfig import NON_KV_CONFIG_FIELDS, canonical_layer_type, forward_config_json, read_hf_config
 from ._options import reject_unknown
+from .errors import ConfigError, InputError
 
 __all__ = [
     "ATTENTION_KINDS",

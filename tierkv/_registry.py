@@ -20,8 +20,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from ._backend import API_VERSION, Availability, Backend
-from ._errors import (
+from .backend import API_VERSION, Availability, Backend
+from .errors import (
     PluginConflictError,
     PluginError,
     PluginNotFoundError,

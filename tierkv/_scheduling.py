@@ -66,8 +66,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import ConfigError, InputError
 from ._options import opt_bool, opt_choice, opt_float, opt_int, reject_unknown
+from .errors import ConfigError, InputError
 from .scheduler import (
     BLOCK_TYPES,
     TRANSITIONS,

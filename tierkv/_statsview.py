@@ -26,7 +26,7 @@ from typing import Any
 
 import anyio
 
-from ._errors import TierKVError
+from .errors import TierKVError
 
 __all__ = ["main", "render", "snapshot"]
 
@@ -47,8 +47,8 @@ async def snapshot(config: str | Path) -> dict[str, Any]:
     PluginError, BackendError as :meth:`TierKV.open`.
     """
     from ._config import Config
-    from ._telemetry import Telemetry
     from ._engine import TierKV
+    from ._telemetry import Telemetry
 
     cfg = await anyio.to_thread.run_sync(Config.load, config)
     quiet = {**cfg.telemetry, "enabled": False}

@@ -49,8 +49,8 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from ._errors import ConfigError
 from ._options import opt_bool, opt_float
+from .errors import ConfigError
 from .scheduler._placement import DEFAULT_TIER_USD_PER_GB_HOUR
 
 __all__ = ["DEFAULT_COST_PER_GB_HOUR", "MISS_REASONS", "Telemetry"]

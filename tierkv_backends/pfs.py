@@ -119,7 +119,7 @@ threads so that several reads are in flight on the medium. Blocks over
 
 Cancellation: a cancelled ``read`` or ``read_many`` without ``into`` returns at once even
 while the medium stalls: its worker threads finish in the background into the buffers of
-that call, which are then dropped (:func:`~tierkv._backend.run_blocking`; each keeps its
+that call, which are then dropped (:func:`~tierkv.backend.run_blocking`; each keeps its
 slot of the ``max_concurrency`` limiter until it ends). Reads into a caller's buffers, and
 every write and evict, wait for their threads. A full filesystem (``ENOSPC``, ``EDQUOT``)
 fails a write with :class:`~tierkv.CapacityError` after removing what it created. A cancelled ``write`` or
@@ -655,9 +655,9 @@ class PfsBackend(Backend):
         weakref.finalize(self, _close_fds, self._dirfd, self._keys_fd)
 
     async def _thread(self, fn: Any, *args: Any, abandon: bool = False) -> Any:
-        """Run blocking ``fn`` in a worker thread (:func:`~tierkv._backend.run_blocking`;
+        """Run blocking ``fn`` in a worker thread (:func:`~tierkv.backend.run_blocking`;
         with ``abandon`` a cancelled caller does not wait for it); an OSError is translated
-        by :func:`~tierkv._backend.os_error` (a full disk is CapacityError)."""
+        by :func:`~tierkv.backend.os_error` (a full disk is CapacityError)."""
         assert self._limiter is not None
         try:
             return await run_blocking(fn, *args, limiter=self._limiter, abandon_on_cancel=abandon)

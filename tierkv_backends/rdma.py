@@ -12,7 +12,7 @@ miss or an :class:`~tierkv.IntegrityError`, never wrong bytes.
 Keys are namespaced: ``tierkv/<namespace>/<key>``; the core passes a scope
 digest as ``namespace`` so models and tenants never collide in a shared pool.
 
-Contract notes (see :mod:`tierkv._backend` for the shared contract):
+Contract notes (see :mod:`tierkv.backend` for the shared contract):
 
 * Every blocking client call runs in a worker thread (``anyio.to_thread``,
   limiter of ``max_concurrency``) under a deadline of ``timeout`` seconds; a

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Self
 
 import numpy as np
 
-from .._errors import InputError
+from ..errors import InputError
 
 __all__ = [
     "DTYPE_NAMES",

@@ -37,8 +37,8 @@ from typing import Any, Self
 
 import numpy as np
 
-from .._errors import CodecError, ConfigError, DecodeError
 from .._options import opt_choice, opt_int, reject_unknown
+from ..errors import CodecError, ConfigError, DecodeError
 from ._base import BlockMeta, Codec, ParamValue
 from ._floats import from_f32, to_f32
 from ._profile import decode_profile, encode_profile

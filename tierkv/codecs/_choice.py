@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._errors import InputError
+from ..errors import InputError
 from ._base import ParamValue
 
 __all__ = [

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import CodecError, DecodeError, InputError, TierKVError
+from ..errors import CodecError, DecodeError, InputError, TierKVError
 from ._base import BlockMeta, Codec, ParamValue, dtype_code, dtype_from_code, meta_for
 
 __all__ = [

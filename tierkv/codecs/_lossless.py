@@ -14,8 +14,8 @@ from typing import Any, Self
 
 import numpy as np
 
-from .._errors import CodecError, DecodeError
 from .._options import opt_bool, opt_int, reject_unknown
+from ..errors import CodecError, DecodeError
 from ._base import BlockMeta, Codec, ParamValue
 
 __all__ = ["Lz4Codec", "RawCodec", "ZstdCodec", "shuffle_bytes", "unshuffle_bytes"]

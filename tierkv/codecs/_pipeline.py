@@ -23,8 +23,8 @@ import anyio
 import anyio.to_thread
 import numpy as np
 
-from .._errors import ConfigError
 from .._options import opt_float, opt_int
+from ..errors import ConfigError
 from ._base import Codec
 from ._choice import CodecCandidate, CodecChoice, choose_codec
 from ._format import decode_block, encode_block

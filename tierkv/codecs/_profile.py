@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import CodecError, DecodeError
+from ..errors import CodecError, DecodeError
 from ._floats import from_f32
 from ._profiles import Profile, profile_by_digest
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import ConfigError, InputError
+from ..errors import ConfigError, InputError
 
 __all__ = ["Profile", "builtin_profile_file", "find_profile", "get_profile", "profile_by_digest", "register_profile"]
 

@@ -23,8 +23,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .._errors import ConfigError, PluginNotFoundError, PluginUnavailableError, PluginValidationError
 from .._registry import CODECS_GROUP, list_plugins, load_plugin
+from ..errors import ConfigError, PluginNotFoundError, PluginUnavailableError, PluginValidationError
 from ._base import Codec
 
 __all__ = ["BUILTIN_CODECS", "codec_from_params", "list_codecs", "load_codec_class"]

@@ -68,7 +68,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .._errors import CodecError, ConfigError, DecodeError, InputError
+from ..errors import CodecError, ConfigError, DecodeError, InputError
 from ._base import ParamValue
 
 __all__ = [

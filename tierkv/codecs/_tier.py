@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import ConfigError
+from ..errors import ConfigError
 from ._cachegen import DEFAULT_LEVEL
 from ._choice import MEASURED_CANDIDATES, CodecCandidate
 from ._pipeline import CodecPipeline

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from enum import Enum
 
-from .._errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["BreakerState", "CircuitBreaker"]
 

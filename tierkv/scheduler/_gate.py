@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
-from .._errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = [
     "UNMEASURED_PESSIMISM",

@@ -24,7 +24,7 @@ import math
 
 import numpy as np
 
-from .._errors import ConfigError, InputError
+from ..errors import ConfigError, InputError
 
 __all__ = ["HeadImportance"]
 

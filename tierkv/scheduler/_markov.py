@@ -25,7 +25,7 @@ import itertools
 from dataclasses import dataclass
 from enum import Enum
 
-from .._errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["SessionClass", "SizeProfile", "ToolChain", "classify_session"]
 

@@ -32,7 +32,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .._errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = [
     "DEFAULT_TIER_USD_PER_GB_HOUR",

@@ -72,7 +72,7 @@ from itertools import repeat
 
 import numpy as np
 
-from .._errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = [
     "BLOCK_TYPES",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._errors import ConfigError, InputError
+from ..errors import ConfigError, InputError
 
 __all__ = ["PrefetchWindow", "attention_span"]
 

@@ -33,7 +33,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 
-from .._errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = [
     "N_RESPONSE_CLASSES",

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .._errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["RenewalHazard", "age_bin", "bin_lower_edges", "hit_density", "km_survival"]
 

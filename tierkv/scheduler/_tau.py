@@ -28,7 +28,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 
-from .._errors import ConfigError
+from ..errors import ConfigError
 from ._buckets import bucketize, lowest, push
 
 __all__ = ["TauAdapter"]
