@@ -93,7 +93,7 @@ def test_the_plugin_api_has_every_name_a_backend_needs() -> None:
     assert all(hasattr(tierkv.backend, n) for n in tierkv.backend.__all__)
     for name in tierkv.backend.__all__:  # documented where a plugin author imports it from
         obj = getattr(tierkv.backend, name)
-        if isinstance(obj, type) or callable(obj) and hasattr(obj, "__code__"):
+        if isinstance(obj, type) or (callable(obj) and hasattr(obj, "__code__")):
             assert obj.__module__ == "tierkv.backend", f"tierkv.backend.{name} says it lives in {obj.__module__}"
     assert set(tierkv.errors.__all__) == {
         n for n, v in vars(tierkv.errors).items() if isinstance(v, type) and issubclass(v, tierkv.errors.TierKVError)
@@ -130,3 +130,13 @@ def test_the_tierkv_namespace_is_the_user_api() -> None:
         if isinstance(obj, type):
             assert obj.__module__ == "tierkv", f"tierkv.{name}.__module__ is {obj.__module__}"
     assert tierkv.ConfigError is tierkv.errors.ConfigError
+
+
+def test_the_version_is_in_one_place() -> None:
+    import importlib.metadata
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "tierkv.__version__"}
+    assert importlib.metadata.version("tierkv") == tierkv.__version__

@@ -474,7 +474,7 @@ class HbmBackend(Backend):
         dev = torch.empty(block_bytes * count, dtype=torch.uint8, device=self._mem.device)
         ring = [np.full(block_bytes, 1, dtype=np.uint8) for _ in range(max(1, min(count, (8 << 20) // block_bytes)))]
         hosts = [torch.from_numpy(r) for r in ring]
-        stream = torch.cuda.Stream(device=self._mem.device)  # type: ignore[no-untyped-call]
+        stream = torch.cuda.Stream(device=self._mem.device)
         torch.cuda.synchronize(self._mem.device)
         per = len(hosts)  # blocks per 8 MiB batch: the tier syncs once per batch call too
         t0 = time.perf_counter()

@@ -162,7 +162,7 @@ class Codec(ABC):
         return f"{type(self).__name__}({dict(self.params)!r})"
 
     def __eq__(self, other: object) -> bool:
-        return type(self) is type(other) and dict(self.params) == dict(other.params)  # type: ignore[attr-defined]
+        return type(self) is type(other) and dict(self.params) == dict(other.params)
 
     def __hash__(self) -> int:
         return hash((type(self), repr(sorted(self.params.items()))))

@@ -85,7 +85,7 @@ class LibraryPolicy:
             self._portal_cm.__exit__(None, None, None)
             raise
         sched = self.kv._sched
-        sched.now = lambda: self._clock[0]  # type: ignore[method-assign]
+        sched.now = lambda: self._clock[0]
         sched.set_capacity_blocks(capacity)
         self._zeros = np.zeros((1, 2, 0, 1, 64), dtype=np.float16)
 
