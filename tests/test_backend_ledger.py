@@ -147,3 +147,13 @@ def test_fast_allocation_constructor_builds_the_same_frozen_value() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.key = "x"  # type: ignore[misc]
     assert dataclasses.replace(a, nbytes=6) == Allocation("k", 6, b"t", 7)
+
+
+def test_drop_unclaimed_gives_up_the_rest_of_a_batch() -> None:
+    ledger: ReservationLedger[Reservation] = ReservationLedger(tier="t")
+    a, b, c = ledger.reserve_many([("a", 1, b""), ("b", 2, b""), ("c", 4, b"")])
+    ra = ledger.claim(a)  # a write of it is in flight: it undoes itself
+    stale = Allocation("c", 4, b"", c.handle + 100)
+    dropped = ledger.drop_unclaimed([a, b, stale, "not an allocation", Allocation("zz", 1)])
+    assert [r.key for r in dropped] == ["b"] and dropped[0].dropped
+    assert ledger.is_pending(ra) and "c" in ledger and counts(ledger) == (5, 5, 5, 2)

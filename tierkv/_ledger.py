@@ -334,6 +334,21 @@ class ReservationLedger(Generic[_R]):
         self._forget(r)
         return r
 
+    def drop_unclaimed(self, allocations: Sequence[object]) -> list[_R]:
+        """Drop the pending reservations that ``allocations`` name and no write has claimed
+        (the rest of a batch that does not commit) and return them: their storage is the
+        caller's to free. A claimed one stays (its write undoes it); an unknown or stale
+        allocation is passed over."""
+        dropped: list[_R] = []
+        for a in allocations:
+            if not isinstance(a, Allocation):
+                continue
+            r = self.pending.get(a.key)
+            if r is not None and r.handle == a.handle and not r.writing:
+                self._forget(r)
+                dropped.append(r)
+        return dropped
+
     def clear(self, *, committed: bool = False) -> list[_R]:
         """Drop every pending reservation (at close) and return them. With ``committed``
         the committed blocks' counts go too (a tier whose blocks do not outlive close)."""

@@ -593,14 +593,7 @@ class DramBackend(Backend):
             await self._copy(arena, slots, srcs, sum(map(_NBYTES, slots)), out=False)
         except BaseException:
             self._abort(slots)
-            rest: list[_Slot] = []
-            for a in allocations[len(slots) :]:
-                s2 = self._ledger.get(a.key) if isinstance(a, Allocation) else None
-                if s2 is not None and s2.handle == a.handle and not s2.writing:
-                    d = self._detach(a.key)
-                    if isinstance(d, _Slot):
-                        rest.append(d)
-            self._free_slots(rest)
+            self._free_slots(self._ledger.drop_unclaimed(allocations[len(slots) :]))
             raise
         self._commit(slots)
 

@@ -414,10 +414,8 @@ class HbmBackend(Backend):
         except BaseException as exc:
             for b in claimed:
                 self._pool.abort(b)
-            for a in allocations[len(claimed) :]:
-                pending = self._pool.pending.get(a.key)
-                if pending is not None and pending.handle == a.handle and not pending.writing:
-                    self._pool.remove(a.key)
+            for b in self._pool.ledger.drop_unclaimed(allocations[len(claimed) :]):
+                self._pool.abort(b)
             if isinstance(exc, RuntimeError):
                 raise BackendIOError(f"copy to HBM failed: {exc}", tier=self.name) from exc
             raise

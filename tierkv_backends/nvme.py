@@ -1531,10 +1531,8 @@ class NvmeBackend(Backend):
             # nothing was written: release every reservation of the batch
             for a in mine:
                 self._reject(a)
-            for a_in in allocations:
-                left = self._ledger.get(a_in.key) if isinstance(a_in, Allocation) else None
-                if left is not None and left.handle == a_in.handle and not left.writing:
-                    self._drop(a_in.key)
+            for left in self._ledger.drop_unclaimed(allocations):
+                self._release_slot(left.si, left.slot)
             raise
         if not mine:
             return

@@ -343,10 +343,7 @@ class RedisBackend(Backend):
         """Release the reservations of a batch that does not commit."""
         for r in claimed:
             self._ledger.abort(r)
-        for a in allocations:
-            left = self._ledger.get(a.key) if isinstance(a, Allocation) else None
-            if left is not None and left.handle == a.handle and not left.writing:
-                self._ledger.drop(a.key)
+        self._ledger.drop_unclaimed(allocations)
 
     async def read(self, key: str, *, into: Buffer | None = None) -> memoryview:
         return (await self.read_many([key], into=None if into is None else [into]))[0]
