@@ -177,7 +177,7 @@ def validate_backend_class(obj: object, *, name: str = "", distribution: str = "
         return PluginValidationError(f"{where}: {why}", group=BACKENDS_GROUP, name=name)
 
     if not inspect.isclass(obj) or not issubclass(obj, Backend):
-        raise bad(f"{obj!r} is not a subclass of tierkv.Backend")
+        raise bad(f"{obj!r} is not a subclass of tierkv.backend.Backend")
     if inspect.isabstract(obj):
         missing = ", ".join(sorted(getattr(obj, "__abstractmethods__", ())))
         raise bad(f"{obj.__name__} is abstract (missing: {missing})")

@@ -534,7 +534,7 @@ def _pwritev_all(fd: int, bufs: list[memoryview], off: int) -> None:
 class PfsBackend(Backend):
     """Content-addressed, checksummed, persistent directory tier (see the module docstring).
 
-    Implements :class:`~tierkv.SupportsScan` and :class:`~tierkv.SupportsContentHash`.
+    Implements :class:`~tierkv.backend.SupportsScan` and :class:`~tierkv.backend.SupportsContentHash`.
     ``io_path`` is ``"posix pread/pwrite + fsync"``; never emulated.
     """
 
@@ -1296,7 +1296,7 @@ class PfsBackend(Backend):
 
     async def content_hash(self, key: str) -> str | None:
         """The sha256 (hex) of the block under ``key`` (its content address), or None when
-        it is absent (or fails verification) (:class:`~tierkv.SupportsContentHash`).
+        it is absent (or fails verification) (:class:`~tierkv.backend.SupportsContentHash`).
         Answered from memory once this process wrote or read the block; else the block
         is read (verified). Raises BackendClosedError, BackendIOError."""
         self._check_open()

@@ -1096,7 +1096,7 @@ class RdmaBackend(Backend):
 
     async def tag_of(self, key: str) -> bytes | None:
         """The tag stored with ``key`` by whichever process wrote it
-        (:class:`tierkv.SupportsTagLookup`), or None when the pool has no such
+        (:class:`tierkv.backend.SupportsTagLookup`), or None when the pool has no such
         block or its object fails verification (header, key binding, length,
         checksum: the whole object is read and checked, and a bad one is
         quarantined). Raises BackendIOError (master or peer failed, timeout)."""
