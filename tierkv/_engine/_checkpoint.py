@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 
-from .._backend import SupportsContentHash
-from .._errors import (
+from .._keys import Scope
+from ..backend import SupportsContentHash
+from ..errors import (
     BlockNotFoundError,
     InputError,
     IntegrityError,
     TierUnavailableError,
 )
-from .._keys import Scope
 from ._index import Entry
 from ._results import CheckpointResult
 from ._tags import CKPT_TAG

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 import anyio
 import anyio.lowlevel
 
-from .._backend import SupportsScan
-from .._errors import (
+from ..backend import SupportsScan
+from ..errors import (
     BackendError,
     BlockExistsError,
     BlockNotFoundError,

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .._errors import InputError
 from .._keys import to_token_array
+from ..errors import InputError
 from ..scheduler import PrefetchWindow
 from ._service import Promote, Reserve
 

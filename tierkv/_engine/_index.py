@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import numpy as np
 
-from .._backend import Backend
+from ..backend import Backend
 from ..codecs import TierCodec
 from ..scheduler import CircuitBreaker
 from ..scheduler._buckets import RankQueue

@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.lowlevel
 
-from .._backend import Allocation
-from .._errors import (
+from .._placement import bytes_to_shed, lower_tier
+from ..backend import Allocation
+from ..errors import (
     BlockExistsError,
     BlockNotFoundError,
     CapacityError,
     IntegrityError,
 )
-from .._placement import bytes_to_shed, lower_tier
 from ..scheduler._buckets import quantize
 from ._index import Entry, pbin
 from ._tags import retag, tag_exact, unpack_tag

@@ -20,15 +20,15 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 
-from .._backend import SupportsTagLookup
-from .._errors import (
+from .._layout import as_numpy_kv, block_slice
+from ..backend import SupportsTagLookup
+from ..errors import (
     BackendError,
     BlockNotFoundError,
     IntegrityError,
     KVLayoutError,
     LoadFailedError,
 )
-from .._layout import as_numpy_kv, block_slice
 from ._index import Entry, pbin
 from ._results import GetResult
 from ._service import Promote

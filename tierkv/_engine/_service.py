@@ -20,7 +20,7 @@ import anyio
 from anyio.abc import TaskStatus
 from anyio.streams.memory import MemoryObjectSendStream
 
-from .._errors import SchedulerError, TierKVError
+from ..errors import SchedulerError, TierKVError
 
 if TYPE_CHECKING:
     from ._store import Store

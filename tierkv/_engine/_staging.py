@@ -15,11 +15,11 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 
-from .._errors import (
-    InputError,
-)
 from .._keys import to_token_array
 from .._layout import as_numpy_kv, block_slice
+from ..errors import (
+    InputError,
+)
 
 if TYPE_CHECKING:
     from ._store import Store

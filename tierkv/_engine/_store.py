@@ -21,9 +21,15 @@ from typing import Any
 import anyio
 import numpy as np
 
-from .._backend import Backend
 from .._config import Config, TenantQuota
-from .._errors import (
+from .._keys import block_keys, tenant_salt, to_token_array
+from .._layout import STORAGE_DTYPES
+from .._placement import TierLoad
+from .._scheduling import SchedulerState
+from .._telemetry import Telemetry
+from ..backend import Backend
+from ..codecs import TierCodec
+from ..errors import (
     BackendError,
     BlockExistsError,
     BlockNotFoundError,
@@ -34,12 +40,6 @@ from .._errors import (
     InputError,
     IntegrityError,
 )
-from .._keys import block_keys, tenant_salt, to_token_array
-from .._layout import STORAGE_DTYPES
-from .._placement import TierLoad
-from .._scheduling import SchedulerState
-from .._telemetry import Telemetry
-from ..codecs import TierCodec
 from ..scheduler import placement_value
 from ._checkpoint import Checkpoints
 from ._durable import Durable

@@ -46,14 +46,14 @@ import anyio.lowlevel
 import numpy as np
 from anyio.abc import TaskGroup, TaskStatus
 
-from .._backend import Backend, BackendStats, OpenContext, TierKind
 from .._config import Config
-from .._errors import InputError, TierKVError, TierUnavailableError
 from .._keys import Scope, tenant_salt
 from .._layout import STORAGE_DTYPES, as_numpy_kv, block_slice
 from .._options import config_path
 from .._registry import load_backend_class
 from .._telemetry import Telemetry
+from ..backend import Backend, BackendStats, OpenContext, TierKind
+from ..errors import InputError, TierKVError, TierUnavailableError
 from ._results import CheckpointResult, GetResult, LookupResult, PutResult, TenantStats, TierStats
 from ._service import Rebalance
 from ._store import Store
