@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command on a fresh machine: create .venv-test, install everything the tests need,
-# run ruff, mypy (strict on tierkv/) and pytest.
-#   bash scripts/test.sh         default target: everything not marked slow (well under 15 minutes)
+# run ruff, mypy (strict on tierkv, tierkv_backends and tierkv_conformance) and pytest.
+#   bash scripts/test.sh         default target: everything not marked slow (well under 15 minutes),
+#                                with line coverage of tierkv and tierkv_backends reported at the end
 #   bash scripts/test.sh slow    the slow target: crash loops, load tests, multi-process suites
 #   bash scripts/test.sh all     both
 set -euo pipefail
@@ -29,7 +30,7 @@ case "$target" in
         ruff check .
         ruff format --check .
         mypy
-        pytest -m "not slow" -q
+        pytest -m "not slow" -q --cov=tierkv --cov=tierkv_backends --cov-report=term:skip-covered
         ;;
     slow)
         pytest -m slow -q

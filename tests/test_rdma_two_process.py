@@ -92,7 +92,16 @@ def _spawn_writer(master: MasterProcess, ns: str) -> tuple[subprocess.Popen[str]
         if not line and p.poll() is not None:
             break
     p.kill()
+    _reap(p, 10)
     raise AssertionError("writer process did not become ready")
+
+
+def _reap(p: subprocess.Popen[str], timeout: float) -> None:
+    """Wait for the writer and close its pipes (an unclosed pipe is a ResourceWarning: an error)."""
+    p.wait(timeout=timeout)
+    for pipe in (p.stdin, p.stdout):
+        if pipe is not None:
+            pipe.close()
 
 
 def _b_opts(master: MasterProcess, ns: str) -> dict[str, object]:
@@ -126,7 +135,7 @@ async def test_block_written_by_a_is_read_bit_exact_by_b(shared_master: MasterPr
         assert proc.stdin is not None
         proc.stdin.write("go\n")
         proc.stdin.flush()
-        proc.wait(timeout=30)
+        _reap(proc, 30)
 
 
 @pytest.mark.slow
@@ -137,7 +146,7 @@ async def test_peer_death_then_master_death_bounded_and_recovers(master: MasterP
         assert bytes(await b.read(keys[0])) == _expected(0, 1 << 20)
         # --- the peer holding the blocks dies (SIGKILL: no unmount) ---
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
+        _reap(proc, 10)
         t0 = time.monotonic()
         outcomes = []
         while time.monotonic() - t0 < 20:

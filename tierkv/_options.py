@@ -1,5 +1,7 @@
 """Typed readers for option mappings (config tables of tiers, codecs, the core).
 
+Backend and codec authors import them from :mod:`tierkv.backend`, which re-exports them.
+
 Each reader raises :class:`~tierkv.ConfigError` naming the dotted field, the
 value and what is allowed. Sizes accept an int (bytes) or a string with a
 binary or decimal unit: ``"64MiB"``, ``"2 GiB"``, ``"512k"``, ``"1.5GB"``.
