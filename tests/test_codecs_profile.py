@@ -257,7 +257,7 @@ def test_builtin_profile_is_package_data_shipped_in_the_wheel() -> None:
 
     res = _profiles.builtin_profile_file("smollm2-135m")
     assert res.is_file()
-    with np.load(res.open("rb"), allow_pickle=False) as data:
+    with res.open("rb") as f, np.load(f, allow_pickle=False) as data:
         assert data["codes"].shape == (30, 2, 192) and data["order"].shape == (30 * 2 * 192,)
         assert Profile.create("copy", data["codes"], data["order"]).digest.hex() == SMOLLM2_DIGEST
     root = Path(__file__).resolve().parents[1]
