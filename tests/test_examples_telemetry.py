@@ -33,25 +33,25 @@ def test_console_example_prints_spans_and_metrics() -> None:
 
 def test_prometheus_example_serves_metrics() -> None:
     pytest.importorskip("opentelemetry.exporter.prometheus")
-    proc = subprocess.Popen(
+    with subprocess.Popen(  # the with block closes the pipes (an unclosed pipe is an error)
         [sys.executable, str(EXAMPLES / "telemetry_prometheus.py"), "--port", "0", "--requests", "4"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        url = ""
-        for line in proc.stdout:
-            if line.startswith("serving "):
-                url = line.split()[1]
-                break
-        assert url.startswith("http://127.0.0.1:"), proc.stderr.read() if proc.stderr else ""
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            body = resp.read().decode()
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            url = ""
+            for line in proc.stdout:
+                if line.startswith("serving "):
+                    url = line.split()[1]
+                    break
+            assert url.startswith("http://127.0.0.1:"), proc.stderr.read() if proc.stderr else ""
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                body = resp.read().decode()
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
     assert "tierkv_misses_total{" in body and 'reason="different_scope"' in body
     assert "tierkv_hits_total{" in body and 'tier="dram"' in body
     assert "tierkv_operation_duration_seconds_bucket{" in body

@@ -93,7 +93,8 @@ async def test_restart_recovers_via_scan(tmp_path: Path) -> None:
 def _slot_offset(slab: Path, slot: int) -> int:
     import struct
 
-    raw = open(slab, "rb").read(64)
+    with open(slab, "rb") as f:
+        raw = f.read(64)
     stride = struct.unpack_from("<Q", raw, 32)[0]
     return 2 * PAGE + slot * stride
 
@@ -193,7 +194,8 @@ def _algo(tmp_path: Path) -> str:
     import struct
 
     slab = next((tmp_path / "slabs").glob("*.slab"))
-    algo_id = struct.unpack_from("<I", open(slab, "rb").read(16), 12)[0]
+    with open(slab, "rb") as f:
+        algo_id = struct.unpack_from("<I", f.read(16), 12)[0]
     return {1: "crc32", 2: "crc32c"}[algo_id]
 
 

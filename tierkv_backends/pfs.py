@@ -604,12 +604,17 @@ class PfsBackend(Backend):
         self._ledger.clear()
         self._files.clear()
 
+    @staticmethod
+    def _has_old_records(keys: Path) -> bool:
+        """Whether ``keys`` holds records of the earlier format (symlinks to segments)."""
+        if not keys.is_dir():
+            return False
+        with os.scandir(keys) as entries:
+            return any(e.is_symlink() and os.readlink(e.path).startswith("tierkv-rec") for e in entries)
+
     def _make_dirs(self) -> None:
         keys = self._root / "keys"
-        if (self._root / "segments").is_dir() or any(
-            e.is_symlink() and os.readlink(e.path).startswith("tierkv-rec")
-            for e in (os.scandir(keys) if keys.is_dir() else ())
-        ):
+        if (self._root / "segments").is_dir() or self._has_old_records(keys):
             raise ConfigError(
                 f"{self.name}.path",
                 str(self._root),
