@@ -250,3 +250,54 @@ async def test_parents_never_rank_below_their_descendants(tmp_path: Path) -> Non
             assert ranks == sorted(ranks, reverse=True), (fam, ranks)
     finally:
         await kv.aclose()
+
+
+async def test_invalidate_while_a_durable_copy_moves_down_leaves_no_orphan(tmp_path: Path) -> None:
+    """A block served from dram whose durable copy is being moved from nvme down to pfs is
+    invalidated while the pfs write is in flight: the new copy is freed, not left behind as a
+    durable copy of a block the index no longer has."""
+    cfg = config(
+        tmp_path,
+        [
+            {"name": "dram", "backend": "dram", "capacity": 8 * BLOCK},
+            {
+                "name": "nvme",
+                "backend": "nvme",
+                "path": str(tmp_path / "nvme"),
+                "capacity": 4 * 512 * 1024,
+                "slot_bytes": "512KiB",
+            },
+            pfs_tier(tmp_path, 16 * BLOCK),
+        ],
+    )
+    kv = await TierKV.open(cfg)
+    try:
+        toks = base_tokens(1, 2 * BT)
+        await kv.put(toks, base_kv(1, 2 * BT), durable=True)
+        s = kv._s
+        assert [s.index.entries[k.hex()].backing for k in s.keys(toks, None)[1]] == [1, 1]
+        pfs = s.tiers[2].backend
+        real_write = pfs.write
+        entered, release = anyio.Event(), anyio.Event()
+
+        async def gated_write(alloc: Any, data: Any) -> None:
+            entered.set()
+            await release.wait()
+            await real_write(alloc, data)
+
+        pfs.write = gated_write  # type: ignore[method-assign]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(s.mover.shed, 1, BLOCK)  # one victim: the first block's durable copy
+            await entered.wait()
+            moving = [e for e in s.index.entries.values() if e.pins]
+            assert len(moving) == 1
+            # a block pinned by the relocation is in use: invalidate skips it ...
+            assert await kv.invalidate() == 1
+            # ... but an invalidate that chose it before the pin drops it all the same
+            await s.mover.drop(moving[0])
+            release.set()
+        pfs.write = real_write  # type: ignore[method-assign]
+        assert_sound(kv)
+        assert (await kv.lookup(toks)).tokens == 0
+    finally:
+        await kv.aclose()

@@ -91,12 +91,13 @@ BLOCK_SIZES = (16 * KiB, 256 * KiB, 2 * MiB)
 _EXTRA_SIZES: dict[TierKind, tuple[int, ...]] = {TierKind.RDMA: (1 * MiB, 4 * MiB)}
 #: A network tier (rdma, remote) on a loopback shares the CPUs and the memory bandwidth with
 #: its own raw reference (and a server's memory warms up on first use), so its rows get an
-#: untimed warm-up pair and more repetitions (medians of both, as for every row); four even
-#: with ``quick``, whose single repetition of a few batches measures the scheduler's mood.
+#: untimed warm-up pair and more repetitions (medians of both, as for every row); eight even
+#: with ``quick``: on a loaded 2-core machine one pair's ratio ranges over 0.75-1.25, and the
+#: median of four such pairs still moved by 0.1 from run to run.
 #: An even count: each side goes first equally often, so the side that follows the other's
 #: clean-up (a server freeing what it held) is not favoured in the median.
 _NETWORK_REPS = 10
-_NETWORK_QUICK_REPS = 4
+_NETWORK_QUICK_REPS = 8
 _NETWORK = {TierKind.RDMA, TierKind.REMOTE, TierKind.OTHER}
 #: Storage media (and the virtual disks of cloud machines above all) vary from one second to
 #: the next: storage rows get more repetitions than memory rows. For every tier the backend

@@ -226,10 +226,17 @@ class Mover:
                 payload = await self.s.encode_for(dest, data)
                 alloc = await self.allocate_with_room(dest, e.key, payload.nbytes, tag)
                 await self.s.tiers[dest].backend.write(alloc, payload)
-                self.commit_copy_bytes(e, tag)
                 moved = True
             except (BlockNotFoundError, IntegrityError, CapacityError, BlockExistsError):
                 moved = False
+        if self.s.index.entries.get(e.key) is not e:
+            # removed while its copy was being written (a concurrent invalidate): the new copy
+            # belongs to nobody, and tier ``ti``'s copy went with the entry
+            if moved and dest is not None:
+                await self.s.drop_copy(dest, e.key)
+            return True
+        if moved:
+            self.commit_copy_bytes(e, tag)
         self.s.index.set_backing(e, dest if moved and dest is not None else -1)
         await self.s.tiers[ti].backend.evict(e.key)
         self.s.decided(

@@ -406,7 +406,8 @@ class TierKV:
         """Remove stored blocks: those of ``tenant`` (the default tenant when
         None), or every tenant's with ``all_tenants=True``; restricted to the
         model ``scope`` if given (its tenant field is ignored), else to this
-        configuration's scope. Returns the number of blocks removed."""
+        configuration's scope. Blocks in use (pinned by a read or a relocation
+        at their turn) are skipped. Returns the number of blocks removed."""
         self._s.check_open()
         ms = scope.with_tenant("").digest()[:16] if scope is not None else self._s.model_scope[:16]
         _, tid = self._s.scope_digest(tenant)
@@ -415,9 +416,13 @@ class TierKV:
             for e in self._s.index.entries.values()
             if e.model_scope[:16] == ms and (all_tenants or e.tenant == tid) and e.pins == 0
         ]
+        removed = 0
         for e in victims:
-            await self._s.mover.drop(e)
-        return len(victims)
+            # checked again at its turn: a block pinned meanwhile (read or relocated) is in use
+            if self._s.index.entries.get(e.key) is e and e.pins == 0:
+                await self._s.mover.drop(e)
+                removed += 1
+        return removed
 
     async def run_scheduler(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """The background placement service: promotions, demotions, prefetches,
