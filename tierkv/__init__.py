@@ -11,6 +11,7 @@ from ._config import KV_DTYPES, Config, TenantQuota, TierConfig
 from ._engine import CheckpointResult, GetResult, LookupResult, PutResult, TenantStats, TierKV, TierStats
 from ._keys import Scope
 from ._model import AttentionKind, ModelSpec
+from ._sync import SyncTierKV
 from .errors import (
     BackendClosedError,
     BackendError,
@@ -69,6 +70,7 @@ __all__ = [
     "PutResult",
     "SchedulerError",
     "Scope",
+    "SyncTierKV",
     "TenantQuota",
     "TenantStats",
     "TierConfig",

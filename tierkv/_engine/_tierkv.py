@@ -39,7 +39,7 @@ import functools
 import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import anyio.lowlevel
@@ -58,6 +58,9 @@ from ._results import CheckpointResult, GetResult, LookupResult, PutResult, Tena
 from ._service import Rebalance
 from ._store import Store
 from ._tags import ZERO32, pack_tag, root_of
+
+if TYPE_CHECKING:
+    from .._sync import SyncTierKV
 
 __all__ = ["TierKV"]
 
@@ -150,6 +153,21 @@ class TierKV:
                         pass
             raise
         return kv
+
+    @classmethod
+    def open_sync(
+        cls,
+        config: Config | Mapping[str, Any] | str | Path,
+        *,
+        restore: str | None = None,
+        scheduler: bool = True,
+        backend: Literal["asyncio", "trio"] = "asyncio",
+    ) -> SyncTierKV:
+        """A :class:`~tierkv.SyncTierKV`: this store opened on a background event-loop thread,
+        for synchronous callers (engine threads); see :meth:`SyncTierKV.open`."""
+        from .._sync import SyncTierKV
+
+        return SyncTierKV.open(config, restore=restore, scheduler=scheduler, backend=backend)
 
     async def aclose(self) -> None:
         """Close every tier (persistent tiers keep their blocks); idempotent."""
