@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Future
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 import anyio.from_thread
 from anyio.from_thread import BlockingPortal
@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from ._keys import Scope
 
 __all__ = ["SyncTierKV"]
+
+T = TypeVar("T")
 
 
 class _Loop:
@@ -129,6 +131,10 @@ class SyncTierKV:
             raise ClosedError("this SyncTierKV is closed")
         return kv
 
+    @overload
+    def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T: ...
+    @overload
+    def call(self, fn: Callable[..., T], *args: Any) -> T: ...
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on the facade's loop thread and return its result; ``fn`` may
         be a coroutine function (awaited there), e.g. one that makes several calls of

@@ -8,21 +8,18 @@ tokens ``h * B .. h * B + B - 1`` of a block of ``B`` tokens, so equal id chains
 prefixes and get equal keys. The KV is a tiny model's (4 KiB per block) filled with zeros: only
 placement is measured.
 
-The event loop runs in a background thread (anyio's blocking portal); :meth:`close` stops it.
+The store runs on a :class:`~tierkv.SyncTierKV`'s event-loop thread; :meth:`close` stops it.
 Owns: the mapping from replay requests to library calls. May not be imported by the core.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from typing import Any
 
-import anyio.from_thread
 import numpy as np
-from anyio.from_thread import BlockingPortal
 
-from ... import TierKV
+from ... import SyncTierKV, TierKV
 
 __all__ = ["BLOCK_TOKENS", "LibraryPolicy", "library_config"]
 
@@ -76,16 +73,12 @@ class LibraryPolicy:
     def __init__(self, capacity: int, *, policy: str | None = None, name: str = "tierkv") -> None:
         self.name = name
         self.capacity = capacity
-        self._portal_cm: AbstractContextManager[BlockingPortal] = anyio.from_thread.start_blocking_portal()
-        self._portal = self._portal_cm.__enter__()
         self._clock = [0.0]
-        try:
-            self.kv: TierKV = self._portal.call(TierKV.open, library_config(capacity, policy))
-        except BaseException:
-            self._portal_cm.__exit__(None, None, None)
-            raise
+        # no scheduler service: the replay calls the store one request at a time
+        self._sync = SyncTierKV.open(library_config(capacity, policy), scheduler=False)
+        self.kv: TierKV = self._sync.aio
         sched = self.kv._sched
-        sched.now = lambda: self._clock[0]
+        sched.now = lambda: self._clock[0]  # type: ignore[method-assign]  # the trace's clock
         sched.set_capacity_blocks(capacity)
         self._zeros = np.zeros((1, 2, 0, 1, 64), dtype=np.float16)
 
@@ -106,20 +99,8 @@ class LibraryPolicy:
         if not ids:
             return 0, 0
         self._clock[0] = now
-        return self._portal.call(self._request, ids)
+        return self._sync.call(self._request, ids)
 
     def close(self) -> None:
         """Close the store and stop its event-loop thread; idempotent."""
-        if self._portal_cm is None:
-            return
-        try:
-            self._portal.call(self.kv.aclose)
-        finally:
-            cm, self._portal_cm = self._portal_cm, None  # type: ignore[assignment]
-            cm.__exit__(None, None, None)
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:
-            pass
+        self._sync.close()
