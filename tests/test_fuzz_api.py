@@ -122,8 +122,10 @@ def _kv_variant(kind: str, n: int, rng: random.Random) -> Any:
     if kind == "dtype":
         with np.errstate(all="ignore"):
             return np.ascontiguousarray(base).astype(rng.choice([np.float32, np.float64, np.int16, np.uint8]))
-    if kind == "noncontig":
-        return np.asfortranarray(base) if n > 1 else base[..., ::2]
+    if kind == "noncontig":  # a wrong shape through a strided view
+        return base[..., ::2]
+    if kind == "strided":  # any strides are accepted and served as given
+        return np.asfortranarray(base)
     if kind == "ndim":
         return np.ascontiguousarray(base).reshape(-1)
     if kind == "meta":
@@ -146,7 +148,19 @@ def _kv_variant(kind: str, n: int, rng: random.Random) -> Any:
 @SETTINGS
 @given(
     kind=st.sampled_from(
-        ["shape", "tokens", "dtype", "noncontig", "ndim", "meta", "torch_dtype", "torch_noncontig", "object", "ok"]
+        [
+            "shape",
+            "tokens",
+            "dtype",
+            "noncontig",
+            "strided",
+            "ndim",
+            "meta",
+            "torch_dtype",
+            "torch_noncontig",
+            "object",
+            "ok",
+        ]
     ),
     n=st.integers(1, 40),
     seed=st.integers(0, 1000),
@@ -157,7 +171,7 @@ def test_kv_fuzz_raises_kv_layout_errors(store: Store, kind: str, n: int, seed: 
     toks = list(range(500_000 + seed * 100, 500_000 + seed * 100 + n))
     data = _kv_variant(kind, n, rng)
     r = _expect_typed(store, store.kv.put, toks, data)
-    if kind == "ok":
+    if kind in ("ok", "strided"):
         assert not isinstance(r, TierKVError), r
         g = store.call(store.kv.get, toks)
         assert g.tokens == (n // BT) * BT
@@ -167,7 +181,7 @@ def test_kv_fuzz_raises_kv_layout_errors(store: Store, kind: str, n: int, seed: 
         assert isinstance(r, KVLayoutError), (kind, r)
         assert "KV" in str(r)
     # a bad out= buffer is refused the same way
-    if kind not in ("ok", "tokens", "object"):  # "object": see test_get_out_of_wrong_type_is_typed
+    if kind not in ("ok", "strided", "tokens", "object"):  # "object": see test_get_out_of_wrong_type_is_typed
         out = _kv_variant(kind, 2 * BT, rng)
         r2 = _expect_typed(store, store.kv.get, tokens_of(0, 2), tenant="alice", out=out)
         assert isinstance(r2, (KVLayoutError, TierKVError)) or getattr(r2, "tokens", 0) == 2 * BT

@@ -23,6 +23,7 @@ These are pure functions: no I/O, no global state.
 
 from __future__ import annotations
 
+import array
 import dataclasses
 import hashlib
 import json
@@ -102,6 +103,32 @@ def tenant_salt(tenant: str | None) -> str:
     return hashlib.sha256(b"tierkv.tenant\x00" + tenant.encode("utf-8")).hexdigest()[:32]
 
 
+def _check_each(tokens: list[Any] | tuple[Any, ...] | range) -> None:
+    """Name the first element that is not an int token id (bools are not token ids)."""
+    for i, v in enumerate(tokens):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TokensError(f"tokens[{i}]: expected an int token id, got {type(v).__name__} {v!r}")
+
+
+def _ints_of(tokens: list[Any] | tuple[Any, ...] | range) -> np.ndarray[Any, Any]:
+    """A list/tuple/range of ints as int64, converted in C (no per-token Python work): the
+    ``array`` module takes only integers (a float, a string or None is a TypeError; an id
+    beyond int64 an OverflowError). A bool converts too, as 0 or 1, so only a sequence
+    holding a 0 or a 1 is scanned element by element for bools."""
+    if isinstance(tokens, range):
+        return np.arange(tokens.start, tokens.stop, tokens.step, dtype=np.int64)
+    try:
+        arr = np.frombuffer(array.array("q", tokens), dtype=np.int64)
+    except TypeError:
+        _check_each(tokens)
+        raise TokensError("tokens: expected int token ids") from None  # pragma: no cover (named above)
+    except OverflowError as exc:
+        raise TokensError(f"tokens: a token id does not fit in int64: {exc}") from exc
+    if arr.size and bool((arr <= 1).any()):
+        _check_each(tokens)
+    return arr
+
+
 def to_token_array(tokens: object) -> np.ndarray[Any, np.dtype[np.int64]]:
     """Convert token ids (list/tuple of ints, 1-D integer numpy array or torch
     tensor) to a 1-D int64 array.
@@ -125,13 +152,7 @@ def to_token_array(tokens: object) -> np.ndarray[Any, np.dtype[np.int64]]:
         except (TypeError, RuntimeError, AttributeError, NotImplementedError) as exc:
             raise TokensError(f"tokens: cannot convert {type(tokens).__name__} to numpy: {exc}") from exc
     elif isinstance(tokens, (list, tuple, range)):
-        for i, v in enumerate(tokens):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise TokensError(f"tokens[{i}]: expected an int token id, got {type(v).__name__} {v!r}")
-        try:
-            arr = np.asarray(tokens, dtype=np.int64)
-        except OverflowError as exc:
-            raise TokensError(f"tokens: a token id does not fit in int64: {exc}") from exc
+        arr = _ints_of(tokens)
     else:
         raise TokensError(
             f"tokens: expected a list of ints, a 1-D integer numpy array or torch tensor, got {type(tokens).__name__}"

@@ -8,8 +8,8 @@ Layout accepted by :meth:`tierkv.TierKV.put` (and produced by ``get``):
 
 ``kv_layers`` counts only layers that hold a KV cache (linear-attention and
 Mamba layers of a hybrid model have none). Tensors are numpy arrays or CPU
-torch tensors, C-contiguous, of the configured ``kv_dtype`` in native byte
-order; ``bfloat16`` and ``float8`` numpy data come as ``uint16``/``uint8`` bit
+torch tensors, of any strides (views of a larger cache included), of the
+configured ``kv_dtype`` in native byte order; ``bfloat16`` and ``float8`` numpy data come as ``uint16``/``uint8`` bit
 patterns (numpy has no such dtypes). A byte-swapped array (``>f2`` on a
 little-endian machine) is rejected, never reinterpreted: convert it with
 ``arr.astype(arr.dtype.newbyteorder("="))``. A torch tensor on the ``meta``
@@ -55,8 +55,6 @@ def _from_torch(t: Any, kv_dtype: str) -> np.ndarray[Any, Any]:
     name = str(t.dtype).removeprefix("torch.")
     if name != kv_dtype:
         raise KVLayoutError("dtype", kv_dtype, name)
-    if not t.is_contiguous():
-        raise KVLayoutError("memory layout", "a contiguous tensor (call .contiguous())", "non-contiguous strides")
     import torch
 
     if kv_dtype == "bfloat16":
@@ -70,9 +68,13 @@ def _from_torch(t: Any, kv_dtype: str) -> np.ndarray[Any, Any]:
 def as_numpy_kv(kv_data: object, spec: ModelSpec, kv_dtype: str, tokens: int) -> np.ndarray[Any, Any]:
     """Check ``kv_data`` against the spec for ``tokens`` tokens; return a numpy view (no copy).
 
+    Any strides are accepted (a slice of a larger cache, a transposed or Fortran-ordered
+    array, a non-contiguous CPU tensor): each block is gathered from (or scattered into)
+    the caller's memory as it is copied, never through a whole-array intermediate.
+
     Raises:
-        KVLayoutError: wrong type, shape, dtype, byte order, device (including
-            ``meta``), or non-contiguous memory; the message states expected vs got.
+        KVLayoutError: wrong type, shape, dtype, byte order or device (including
+            ``meta``); the message states expected vs got.
     """
     if isinstance(kv_data, np.ndarray):
         arr = kv_data
@@ -88,10 +90,6 @@ def as_numpy_kv(kv_data: object, spec: ModelSpec, kv_dtype: str, tokens: int) ->
                 arr = arr.view(want)  # e.g. ml_dtypes.bfloat16
             else:
                 raise KVLayoutError("dtype", f"{want} (for kv_dtype {kv_dtype})", str(arr.dtype))
-        if not arr.flags.c_contiguous:
-            raise KVLayoutError(
-                "memory layout", "a C-contiguous array (use np.ascontiguousarray)", "non-contiguous strides"
-            )
     elif type(kv_data).__module__.startswith("torch"):
         arr = _from_torch(kv_data, kv_dtype)
     else:

@@ -181,11 +181,12 @@ class SyncTierKV:
         block_type: str | None = None,
         tenant: str | None = None,
         durable: bool = False,
+        start: int = 0,
     ) -> PutResult:
         """:meth:`TierKV.put`, from a synchronous thread."""
         kv = self.aio
         return self._portal().call(
-            lambda: kv.put(tokens, kv_data, block_type=block_type, tenant=tenant, durable=durable)
+            lambda: kv.put(tokens, kv_data, block_type=block_type, tenant=tenant, durable=durable, start=start)
         )
 
     def lookup(self, tokens: object, *, tenant: str | None = None) -> LookupResult:

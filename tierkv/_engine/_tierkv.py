@@ -227,11 +227,20 @@ class TierKV:
         block_type: str | None = None,
         tenant: str | None = None,
         durable: bool = False,
+        start: int = 0,
     ) -> PutResult:
         """Store the KV of ``tokens`` in whole blocks (see the module docstring).
 
-        ``kv_data`` has the layout of :mod:`tierkv._layout` covering exactly
-        ``len(tokens)`` tokens. Blocks already stored are not written again.
+        ``kv_data`` has the layout of :mod:`tierkv._layout` (any strides) covering
+        exactly ``tokens[start:]``. Blocks already stored are not written again.
+
+        ``start`` (a multiple of ``block_tokens``, at most ``len(tokens)``) stores only
+        the newest blocks of a prefix: the keys still chain over all of ``tokens``,
+        and the KV given covers only the part from ``start`` on, so an engine storing
+        one new block of a growing prefix passes that block's KV alone. No block before
+        ``start`` needs to exist: one that is missing is simply not stored, and
+        :meth:`lookup` stops at the first gap. ``PutResult.tokens`` is the stored prefix
+        after the call (up to the first missing block).
 
         ``durable=True``: when ``put`` returns, every whole block of the prefix
         is committed on a persistent tier (written through to the fastest
@@ -252,17 +261,22 @@ class TierKV:
         """
         self._s.check_open()
         arr_tokens, keys, tid = self._s.keys(tokens, tenant)
-        kv = as_numpy_kv(kv_data, self._s.spec, self._s.config.kv_dtype, len(arr_tokens))
+        bt = self._s.block_tokens
+        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= len(arr_tokens):
+            raise InputError(f"start: expected an int in [0, len(tokens)={len(arr_tokens)}], got {start!r}")
+        if start % bt:
+            raise InputError(f"start: {start} is not a multiple of block_tokens ({bt})")
+        kv = as_numpy_kv(kv_data, self._s.spec, self._s.config.kv_dtype, len(arr_tokens) - start)
+        first = start // bt
         if block_type is not None and not isinstance(block_type, str):
             raise InputError(f"block_type: expected a string or None, got {type(block_type).__name__}")
         if durable and self._s.persistent_tier() is None:
             raise TierUnavailableError("put(durable=True) needs a healthy persistent tier (e.g. nvme or pfs)")
-        bt = self._s.block_tokens
         tail = len(arr_tokens) - len(keys) * bt
         todo: list[int] = []
         existing = 0
-        for i, k in enumerate(keys):
-            e = self._s.index.entries.get(k.hex())
+        for i in range(first, len(keys)):
+            e = self._s.index.entries.get(keys[i].hex())
             if e is None or (durable and e.backing < 0):
                 todo.append(i)
             if e is not None:
@@ -274,7 +288,7 @@ class TierKV:
         def prepare() -> list[tuple[int, memoryview, int]]:
             out = []
             for i in todo:
-                blk = np.ascontiguousarray(kv[block_slice(self._s.spec, i * bt, (i + 1) * bt)])
+                blk = np.ascontiguousarray(kv[block_slice(self._s.spec, (i - first) * bt, (i - first + 1) * bt)])
                 data = blk.reshape(-1).view(np.uint8).data
                 out.append((i, data, zlib.crc32(data)))
             return out
@@ -307,18 +321,21 @@ class TierKV:
                     if placed_e is not None and self._s.tiers[placed_e.tier].name not in tiers_used:
                         tiers_used.append(self._s.tiers[placed_e.tier].name)
                 await anyio.lowlevel.checkpoint_if_cancelled()
-            entries = [e for e in (self._s.index.entries.get(k.hex()) for k in keys) if e is not None]
+            present = [self._s.index.entries.get(k.hex()) for k in keys]
+            # with ``start``: the stored prefix ends at the first block before it that is missing
+            lead = next((i for i in range(first) if present[i] is None), len(keys))
+            entries = [e for e in present if e is not None]
             self._s.reader.record_access(entries, len(keys), existing)
             if block_type == "tool_context" and self._s.sched.tool is not None:
                 self._s.tool_blocks[self._s.sched.tool] = [k.hex() for k in keys]
                 self._s.sched.chain.observe_size(self._s.sched.tool, sum(e.nbytes for e in entries))
             self._s.sched.transition = None  # a hint applies to the next request only
-            self._s.tel.tenant_tokens.add(len(keys) * bt, {"tenant": tid.hex(), "op": "put"})
+            self._s.tel.tenant_tokens.add((len(keys) - first) * bt, {"tenant": tid.hex(), "op": "put"})
             if span is not None and span.is_recording():
                 span.set_attributes(
                     {
                         "tierkv.tokens": len(arr_tokens),
-                        "tierkv.stored_tokens": len(keys) * bt,
+                        "tierkv.stored_tokens": (len(keys) - first) * bt,
                         "tierkv.new_blocks": stored,
                         "tierkv.bytes": sum(d.nbytes for _, d, _ in prepared),
                         "tierkv.tiers": tiers_used,
@@ -338,7 +355,7 @@ class TierKV:
         else:
             await self._s.mover.rebalance()
         return PutResult(
-            tokens=len(keys) * bt,
+            tokens=lead * bt,
             new_blocks=stored,
             existing_blocks=existing,
             tail_tokens=tail,

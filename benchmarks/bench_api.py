@@ -1,0 +1,163 @@
+"""What a user of ``TierKV`` gets on a DRAM tier, beside ``np.copyto`` of the same bytes.
+
+    python benchmarks/bench_api.py [--shapes smollm2,llama3-8b] [--tokens 16384] [--reps 5]
+
+Per shape (fp16; SmolLM2-135M: 30 layers x 3 KV heads x 64; Llama-3-8B: 32 x 8 x 128), a
+store with one DRAM tier sized for the whole sequence, 256-token blocks, telemetry off.
+Every repetition measures, back to back, the reference and each operation:
+
+* ``memcpy``: ``np.copyto`` of the whole KV between two pre-touched buffers (the reference);
+* ``put``: ``put(tokens, kv)`` of the whole sequence into an emptied store;
+* ``get(out=)``: ``get(tokens, out=buffer)`` into a pre-touched caller buffer;
+* ``get()``: ``get(tokens)``, the store allocating the result;
+* ``new block``: on a growing prefix, storing one new 256-token block with
+  ``put(prefix, kv_of_that_block, start=len(prefix) - 256)``, the block's KV a strided view of
+  the caller's whole cache (the p50 over the sequence's blocks), beside the memcpy of one block;
+* ``lookup``: the whole sequence, all stored, from a Python list and from an ndarray, at
+  ``--tokens`` and at 8x that (the longer one with only the first ``--tokens`` stored).
+
+It prints one table: the median of the repetitions for each figure, the ratio to memcpy
+(memcpy time / operation time, so 1.0 is memcpy speed), the target, and LMCache 0.5.6's
+figure on the same work on this machine (as measured for the engine-data-path issue; not
+re-measured here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+import numpy as np
+
+from tierkv import TierKV
+
+SHAPES: dict[str, dict[str, int]] = {
+    "smollm2": {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576},
+    "llama3-8b": {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096},
+}
+BT = 256
+#: LMCache 0.5.6 on the same work on this machine (from the engine-data-path issue)
+LMCACHE = {"put": "0.96x", "get(out=)": "1.03x", "new block": "0.55 ms", "lookup list": "0.43 ms"}
+
+
+def config(hf: dict[str, int], nbytes: int) -> dict[str, Any]:
+    return {
+        "model": {"name": "bench", "revision": "1", "hf_config": hf},
+        "kv_dtype": "float16",
+        "block_tokens": BT,
+        "tiers": [{"name": "dram", "backend": "dram", "capacity": int(nbytes * 1.05) + (64 << 20)}],
+        "telemetry": {"enabled": False},
+    }
+
+
+async def atimed(fn: Callable[[], Awaitable[Any]]) -> float:
+    t0 = time.perf_counter()
+    await fn()
+    return time.perf_counter() - t0
+
+
+def timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+async def bench_shape(name: str, n: int, reps: int) -> list[tuple[str, str, str, str, str]]:
+    hf = SHAPES[name]
+    heads, dim = hf["num_key_value_heads"], hf["hidden_size"] // hf["num_attention_heads"]
+    shape = (hf["num_hidden_layers"], 2, n, heads, dim)
+    rng = np.random.default_rng(0)
+    src = rng.standard_normal(shape, dtype=np.float32).astype(np.float16)
+    dst = np.zeros_like(src)
+    tokens = np.arange(1000, 1000 + n, dtype=np.int64)
+    toks_list = tokens.tolist()
+    long = np.arange(1000, 1000 + 8 * n, dtype=np.int64)
+    long_list = long.tolist()
+    kv = await TierKV.open(config(hf, src.nbytes))
+    res: dict[str, list[float]] = {}
+
+    def add(k: str, v: float) -> None:
+        res.setdefault(k, []).append(v)
+
+    try:
+        for rep in range(reps):
+            add("memcpy", timed(lambda: np.copyto(dst, src)))
+            await kv.invalidate()
+            add("put", await atimed(lambda: kv.put(tokens, src)))
+            dst.fill(0)
+            add("get(out=)", await atimed(lambda: kv.get(tokens, out=dst)))
+            if rep == 0:
+                assert dst.tobytes() == src.tobytes(), "get(out=) returned other bytes"
+            got: list[Any] = []
+            add("get()", await atimed(lambda got=got: _keep(got, kv.get(tokens))))
+            assert got[0].tokens == n
+            got.clear()
+            for key, t in (("lookup list", toks_list), ("lookup array", tokens)):
+                add(key, statistics.median([await atimed(lambda t=t: kv.lookup(t)) for _ in range(20)]))
+            for key, t in (("lookup list 8x", long_list), ("lookup array 8x", long)):
+                add(key, statistics.median([await atimed(lambda t=t: kv.lookup(t)) for _ in range(5)]))
+        # one new block on a growing prefix: the caller holds the whole KV (src) and stores the
+        # newest block, a strided view of it
+        await kv.invalidate()
+        block = np.empty_like(src[:, :, :BT])
+        per_block, block_copy = [], []
+        for b in range(1, n // BT + 1):
+            m = b * BT
+            block_copy.append(timed(lambda m=m: np.copyto(block, src[:, :, m - BT : m])))
+
+            async def step(m: int = m) -> None:
+                await kv.put(tokens[:m], src[:, :, m - BT : m], start=m - BT)
+
+            per_block.append(await atimed(step))
+    finally:
+        await kv.aclose()
+    mem = statistics.median(res["memcpy"])
+    rows: list[tuple[str, str, str, str, str]] = [("memcpy", f"{mem * 1e3:.1f} ms", "1.00x", "", "")]
+    for k, target in (("put", ">= 0.95x"), ("get(out=)", ">= 0.95x"), ("get()", ">= 0.8x")):
+        t = statistics.median(res[k])
+        rows.append((k, f"{t * 1e3:.1f} ms", f"{mem / t:.2f}x", target, LMCACHE.get(k, "")))
+    nb, bc = statistics.median(per_block), statistics.median(block_copy)
+    rows.append(
+        (
+            "new block (p50)",
+            f"{nb * 1e3:.2f} ms",
+            f"{bc / nb:.3f}x",
+            f"<= {(1.1 * bc + 20e-6) * 1e3:.2f} ms",
+            LMCACHE["new block"],
+        )
+    )
+    for k, target in (
+        ("lookup list", "<= 0.1 ms"),
+        ("lookup array", "<= 0.1 ms"),
+        ("lookup list 8x", "<= 0.5 ms"),
+        ("lookup array 8x", "<= 0.5 ms"),
+    ):
+        t = statistics.median(res[k])
+        rows.append((k, f"{t * 1e3:.3f} ms", "", target, LMCACHE.get(k, "")))
+    return rows
+
+
+async def _keep(out: list[Any], aw: Awaitable[Any]) -> None:
+    out.append(await aw)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="smollm2,llama3-8b")
+    ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--reps", type=int, default=5)
+    a = ap.parse_args()
+    print(f"# python benchmarks/bench_api.py --shapes {a.shapes} --tokens {a.tokens} --reps {a.reps}")
+    print(f"# medians of {a.reps} repetitions; ratio = memcpy time / operation time")
+    print(f"{'shape':>10} {'operation':>18} {'median':>11} {'ratio':>8} {'target':>12} {'LMCache':>9}")
+    for name in a.shapes.split(","):
+        for op, t, ratio, target, lm in anyio.run(bench_shape, name, a.tokens, a.reps):
+            print(f"{name:>10} {op:>18} {t:>11} {ratio:>8} {target:>12} {lm:>9}")
+
+
+if __name__ == "__main__":
+    main()
