@@ -12,7 +12,19 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["BLOCK", "BT", "HF", "config", "dram_tier", "kv_for", "pfs_tier", "smol_config"]
+__all__ = [
+    "BLOCK",
+    "BT",
+    "HF",
+    "config",
+    "dram_tier",
+    "kv_for",
+    "kv_shape",
+    "nvme_tier",
+    "pfs_tier",
+    "smol_config",
+    "smooth_kv",
+]
 
 HF: dict[str, Any] = json.loads(
     (Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text()
@@ -23,9 +35,26 @@ BT = 16
 BLOCK = 30 * 2 * BT * 3 * 64 * 2
 
 
+def kv_shape(n: int) -> tuple[int, ...]:
+    """The model's KV layout for ``n`` tokens: (layers, K/V, tokens, KV heads, head dim)."""
+    return (30, 2, n, 3, 64)
+
+
 def kv_for(n: int, seed: int = 0, dtype: Any = np.float16) -> np.ndarray[Any, Any]:
     """Random KV of ``n`` tokens in the model's layout ``(30, 2, n, 3, 64)``."""
-    return np.random.default_rng(seed).standard_normal((30, 2, n, 3, 64)).astype(dtype)
+    return np.random.default_rng(seed).standard_normal(kv_shape(n)).astype(dtype)
+
+
+def smooth_kv(shape: int | tuple[int, ...], seed: int = 0) -> np.ndarray[Any, Any]:
+    """KV-like fp16 values (what lossy codecs are built for): smooth along the tokens, each
+    channel at its own scale. ``shape`` is a token count (the model's layout) or a whole
+    shape, whose token axis is axis 1 of an MLA ``(layers, tokens, latent)`` shape, else axis 2."""
+    full = kv_shape(shape) if isinstance(shape, int) else shape
+    rng = np.random.default_rng(seed)
+    base_shape = list(full)
+    base_shape[1 if len(full) == 3 else 2] = 1
+    base = rng.standard_normal(base_shape) * np.linspace(0.5, 4.0, full[-1])
+    return (base + 0.1 * rng.standard_normal(full)).astype(np.float16)
 
 
 def dram_tier(capacity: int | str = "64MiB", name: str = "dram") -> dict[str, Any]:
@@ -36,14 +65,25 @@ def pfs_tier(tmp_path: Path, capacity: int | str = "256MiB", name: str = "pfs") 
     return {"name": name, "backend": "pfs", "path": str(tmp_path / name), "capacity": capacity}
 
 
-def smol_config(tiers: list[dict[str, Any]], *, revision: str = "test", **extra: Any) -> dict[str, Any]:
-    """A config of the SmolLM2-shaped model over ``tiers`` (fp16, ``BT``-token blocks)."""
-    cfg: dict[str, Any] = {
-        "model": {"name": "smol", "revision": revision, "hf_config": HF},
-        "kv_dtype": "float16",
-        "block_tokens": BT,
-        "tiers": tiers,
-    }
+def nvme_tier(
+    tmp_path: Path, capacity: int | str, slot_bytes: int | str | None = None, name: str = "nvme"
+) -> dict[str, Any]:
+    """An nvme tier under ``tmp_path / name``; without ``slot_bytes`` the core sizes its slots."""
+    tier: dict[str, Any] = {"name": name, "backend": "nvme", "path": str(tmp_path / name), "capacity": capacity}
+    if slot_bytes is not None:
+        tier["slot_bytes"] = slot_bytes
+    return tier
+
+
+def smol_config(
+    tiers: list[dict[str, Any]], *, revision: str = "test", block_tokens: int | None = BT, **extra: Any
+) -> dict[str, Any]:
+    """A config of the SmolLM2-shaped model over ``tiers`` (fp16, ``BT``-token blocks;
+    ``block_tokens=None`` leaves the key out, for the model's default)."""
+    cfg: dict[str, Any] = {"model": {"name": "smol", "revision": revision, "hf_config": HF}, "kv_dtype": "float16"}
+    if block_tokens is not None:
+        cfg["block_tokens"] = block_tokens
+    cfg["tiers"] = tiers
     cfg.update(extra)
     return cfg
 
