@@ -23,7 +23,6 @@ within a tenant.
 from __future__ import annotations
 
 import functools
-import json
 import random
 import sys
 from pathlib import Path
@@ -31,11 +30,9 @@ from typing import Any
 
 import anyio
 import numpy as np
+from kvtest import BLOCK, BT, dram_tier, kv_shape, nvme_tier, pfs_tier, smol_config
 
-HF = json.loads((Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text())
-BT = 16
-BLOCK_SHAPE = (30, 2, BT, 3, 64)
-BLK = 30 * 2 * BT * 3 * 64 * 2  # bytes of one float16 block
+BLOCK_SHAPE = kv_shape(BT)
 SEEDS = 24
 FAMILIES = 4
 SHARED = 1
@@ -44,16 +41,8 @@ TENANTS = ("alice", "bob")
 
 
 def config(root: Path, *, dram_blocks: int = 6, nvme: str = "8MiB") -> dict[str, Any]:
-    return {
-        "model": {"name": "smol", "revision": "crash", "hf_config": HF},
-        "kv_dtype": "float16",
-        "block_tokens": BT,
-        "tiers": [
-            {"name": "dram", "backend": "dram", "capacity": dram_blocks * BLK},
-            {"name": "nvme", "backend": "nvme", "path": str(root / "nvme"), "capacity": nvme, "slot_bytes": "512KiB"},
-            {"name": "pfs", "backend": "pfs", "path": str(root / "pfs"), "capacity": "2GiB"},
-        ],
-    }
+    tiers = [dram_tier(dram_blocks * BLOCK), nvme_tier(root, nvme, "512KiB"), pfs_tier(root, "2GiB")]
+    return smol_config(tiers, revision="crash")
 
 
 def tokens_of(seed: int, blocks: int) -> list[int]:
@@ -69,7 +58,7 @@ def tokens_of(seed: int, blocks: int) -> list[int]:
 def _block(tenant: int, owner: tuple[int, int], i: int) -> np.ndarray:
     rng = np.random.default_rng([tenant, owner[0], owner[1], i])
     # any bit pattern (NaNs included): comparisons are on bytes
-    return np.frombuffer(rng.bytes(BLK), dtype=np.float16).reshape(BLOCK_SHAPE)
+    return np.frombuffer(rng.bytes(BLOCK), dtype=np.float16).reshape(BLOCK_SHAPE)
 
 
 def kv_of(tenant: int, seed: int, blocks: int) -> np.ndarray:

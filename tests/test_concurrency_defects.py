@@ -19,7 +19,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
-from kvtest import BLOCK, BT, pfs_tier, smol_config
+from kvtest import BLOCK, BT, dram_tier, kv_for, nvme_tier, pfs_tier, smol_config
 
 from tierkv import CapacityError, TierKV, TierKVError
 
@@ -28,8 +28,7 @@ pytestmark = pytest.mark.anyio
 
 @functools.cache
 def _family_kv(family: int) -> np.ndarray:
-    rng = np.random.default_rng(1000 + family)
-    return rng.standard_normal((30, 2, 6 * BT, 3, 64)).astype(np.float16)
+    return kv_for(6 * BT, 1000 + family)
 
 
 def base_kv(family: int, n: int) -> np.ndarray:
@@ -39,10 +38,6 @@ def base_kv(family: int, n: int) -> np.ndarray:
 
 def base_tokens(family: int, n: int) -> list[int]:
     return [family * 100_000 + i for i in range(n)]
-
-
-def config(tmp_path: Path, tiers: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
-    return smol_config(tiers, **extra)
 
 
 def assert_sound(kv: TierKV) -> None:
@@ -67,7 +62,7 @@ async def serving(cfg: dict[str, Any]) -> AsyncIterator[TierKV]:
 
 async def test_cancelled_gets_release_their_pins(tmp_path: Path) -> None:
     """A get cancelled at any point releases its pins (the release never awaits)."""
-    cfg = config(tmp_path, [pfs_tier(tmp_path, "64MiB")])
+    cfg = smol_config([pfs_tier(tmp_path, "64MiB")])
     async with await TierKV.open(cfg) as kv:
         toks = base_tokens(1, 4 * BT)
         await kv.put(toks, base_kv(1, 4 * BT))
@@ -88,13 +83,7 @@ async def test_concurrent_writers_never_fail_for_each_others_space(tmp_path: Pat
     """With nothing pinned and an evictable bottom tier, no put fails for lack of room."""
     for writers in (8, 32):
         sub = tmp_path / f"w{writers}"
-        cfg = config(
-            sub,
-            [
-                {"name": "dram", "backend": "dram", "capacity": 6 * BLOCK},
-                pfs_tier(sub, 20 * BLOCK),
-            ],
-        )
+        cfg = smol_config([dram_tier(6 * BLOCK), pfs_tier(sub, 20 * BLOCK)])
         errors: list[BaseException] = []
         async with serving(cfg) as kv:
 
@@ -115,13 +104,7 @@ async def test_concurrent_writers_never_fail_for_each_others_space(tmp_path: Pat
 async def test_service_survives_victims_leaving_the_index(tmp_path: Path) -> None:
     """Victims chosen for shedding may be invalidated, evicted or moved before their turn:
     no untyped error reaches a caller and the service task group never dies."""
-    cfg = config(
-        tmp_path,
-        [
-            {"name": "dram", "backend": "dram", "capacity": 4 * BLOCK},
-            pfs_tier(tmp_path, 10 * BLOCK),
-        ],
-    )
+    cfg = smol_config([dram_tier(4 * BLOCK), pfs_tier(tmp_path, 10 * BLOCK)])
     untyped: list[BaseException] = []
     async with serving(cfg) as kv:
 
@@ -159,19 +142,8 @@ async def run_random_workload(
 ) -> dict[str, int]:
     """The randomized concurrency run of the acceptance list: dram + nvme + pfs at small
     capacities, the service running, put/get/lookup/invalidate with tiny deadlines."""
-    cfg = config(
-        tmp_path,
-        [
-            {"name": "dram", "backend": "dram", "capacity": 6 * BLOCK},
-            {
-                "name": "nvme",
-                "backend": "nvme",
-                "path": str(tmp_path / "nvme"),
-                "capacity": 8 * 512 * 1024,
-                "slot_bytes": "512KiB",
-            },
-            pfs_tier(tmp_path, 16 * BLOCK),
-        ],
+    cfg = smol_config(
+        [dram_tier(6 * BLOCK), nvme_tier(tmp_path, 8 * 512 * 1024, "512KiB"), pfs_tier(tmp_path, 16 * BLOCK)],
         scheduler={"policy": policy},
     )
     counts = {"ops": 0, "cancelled": 0, "typed_errors": 0, "hits": 0}
@@ -235,9 +207,7 @@ async def test_random_concurrency_invariants_long(tmp_path: Path) -> None:
 async def test_parents_never_rank_below_their_descendants(tmp_path: Path) -> None:
     """Predictive ranking: within a request a parent's eviction key is at least its child's
     (a child is useless without its parent), whatever the predictor thinks of each cell."""
-    cfg = config(
-        tmp_path, [{"name": "dram", "backend": "dram", "capacity": 64 * BLOCK}], scheduler={"policy": "predictive"}
-    )
+    cfg = smol_config([dram_tier(64 * BLOCK)], scheduler={"policy": "predictive"})
     kv = await TierKV.open(cfg)
     try:
         for fam in range(6):
@@ -256,19 +226,8 @@ async def test_invalidate_while_a_durable_copy_moves_down_leaves_no_orphan(tmp_p
     """A block served from dram whose durable copy is being moved from nvme down to pfs is
     invalidated while the pfs write is in flight: the new copy is freed, not left behind as a
     durable copy of a block the index no longer has."""
-    cfg = config(
-        tmp_path,
-        [
-            {"name": "dram", "backend": "dram", "capacity": 8 * BLOCK},
-            {
-                "name": "nvme",
-                "backend": "nvme",
-                "path": str(tmp_path / "nvme"),
-                "capacity": 4 * 512 * 1024,
-                "slot_bytes": "512KiB",
-            },
-            pfs_tier(tmp_path, 16 * BLOCK),
-        ],
+    cfg = smol_config(
+        [dram_tier(8 * BLOCK), nvme_tier(tmp_path, 4 * 512 * 1024, "512KiB"), pfs_tier(tmp_path, 16 * BLOCK)]
     )
     kv = await TierKV.open(cfg)
     try:

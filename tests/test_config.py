@@ -7,18 +7,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kvtest import HF, dram_tier, smol_config
 
 from tierkv import Config, ConfigError
 
-HF = json.loads((Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text())
-
 
 def base() -> dict[str, Any]:
-    return {
-        "model": {"name": "smol", "revision": "r1", "hf_config": HF},
-        "kv_dtype": "float16",
-        "tiers": [{"name": "dram", "backend": "dram", "capacity": "64MiB"}],
-    }
+    """One DRAM tier, no block_tokens: the model's default block size is under test."""
+    return smol_config([dram_tier()], revision="r1", block_tokens=None)
 
 
 def test_dict_and_defaults() -> None:

@@ -3,37 +3,22 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
+import kvtest
 import numpy as np
 import pytest
+from kvtest import BLOCK, BT, kv_for
 
 from tierkv import InputError, TierKV, TierUnavailableError
 
 pytestmark = pytest.mark.anyio
 
-HF = json.loads((Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text())
-BT = 16
-BLK = 30 * 2 * BT * 3 * 64 * 2
 
-
-def kv_for(n: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((30, 2, n, 3, 64)).astype(np.float16)
-
-
-def config(tmp_path: Path, *, revision: str = "r1", dram: int = 64 << 20, with_dram: bool = True) -> dict[str, Any]:
-    tiers: list[dict[str, Any]] = []
-    if with_dram:
-        tiers.append({"name": "dram", "backend": "dram", "capacity": dram})
-    tiers.append({"name": "pfs", "backend": "pfs", "path": str(tmp_path / "pfs"), "capacity": "512MiB"})
-    return {
-        "model": {"name": "smol", "revision": revision, "hf_config": HF},
-        "kv_dtype": "float16",
-        "block_tokens": BT,
-        "tiers": tiers,
-    }
+def config(tmp_path: Path, *, revision: str = "r1", dram: int | None = 64 << 20) -> dict[str, Any]:
+    """DRAM (``dram=None``: none, a fresh process reading only the durable tier) over a 512 MiB PFS."""
+    return kvtest.config(tmp_path, dram=dram, pfs="512MiB", revision=revision)
 
 
 async def test_durable_put_survives_a_fresh_process_view(tmp_path: Path) -> None:
@@ -45,7 +30,7 @@ async def test_durable_put_survives_a_fresh_process_view(tmp_path: Path) -> None
         volatile = list(range(500, 532))
         await kv.put(volatile, kv_for(32, 1))  # not durable: DRAM only
         assert kv.stats()["pfs"].blocks == 4
-    async with await TierKV.open(config(tmp_path, with_dram=False)) as kv2:
+    async with await TierKV.open(config(tmp_path, dram=None)) as kv2:
         g = await kv2.get(toks)
         assert g.tokens == 64 and g.kv.tobytes() == data.tobytes()
         assert (await kv2.lookup(volatile)).tokens == 0
@@ -60,7 +45,7 @@ async def test_durable_put_needs_a_persistent_tier(tmp_path: Path) -> None:
 
 
 async def test_demotion_of_a_durable_block_reuses_its_copy(tmp_path: Path) -> None:
-    async with await TierKV.open(config(tmp_path, dram=BLK * 3)) as kv:
+    async with await TierKV.open(config(tmp_path, dram=BLOCK * 3)) as kv:
         await kv.put(list(range(32)), kv_for(32), durable=True)
         written_before = kv.stats()["pfs"].bytes_in
         for i in range(4):
@@ -70,7 +55,7 @@ async def test_demotion_of_a_durable_block_reuses_its_copy(tmp_path: Path) -> No
         assert (await kv.lookup(list(range(32)))).tiers == ("pfs",)
         # the durable blocks were not written to PFS a second time
         demoted_volatile = st["pfs"].blocks - 2
-        assert st["pfs"].bytes_in - written_before == demoted_volatile * BLK
+        assert st["pfs"].bytes_in - written_before == demoted_volatile * BLOCK
 
 
 async def test_flush_reclaims_old_scope_on_every_tier(tmp_path: Path) -> None:
@@ -99,11 +84,11 @@ async def test_checkpoint_delta_dedup_and_warm_restore(tmp_path: Path) -> None:
         for c, d in zip(convs[:2], datas[:2], strict=True):
             await kv.put(c, d)
         first = await kv.checkpoint("one")
-        assert first.blocks == 6 and first.copied_bytes == 6 * BLK
+        assert first.blocks == 6 and first.copied_bytes == 6 * BLOCK
         await kv.put(convs[2], datas[2])
         second = await kv.checkpoint("two")
         assert second.blocks == 8
-        assert second.copied_bytes == 2 * BLK  # only the new conversation's own blocks
+        assert second.copied_bytes == 2 * BLOCK  # only the new conversation's own blocks
         assert second.distinct_contents == 8
         with pytest.raises(InputError):
             await kv.checkpoint("bad name!")
@@ -150,5 +135,5 @@ async def test_speculative_staging_never_leaks_unaccepted_tokens(tmp_path: Path)
         with pytest.raises(InputError):
             await kv.commit("r2", 11)
     # a fresh view of the durable tier holds exactly the accepted prefix
-    async with await TierKV.open(config(tmp_path, with_dram=False)) as kv3:
+    async with await TierKV.open(config(tmp_path, dram=None)) as kv3:
         assert (await kv3.lookup(seq)).tokens == (len(seq) // BT) * BT

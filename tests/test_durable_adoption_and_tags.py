@@ -17,7 +17,7 @@ from tierkv.backend import Backend
 
 sys.path.insert(0, str(Path(__file__).parent))
 from conformance_ref import RefFileBackend
-from kvtest import BT, kv_for, smol_config
+from kvtest import BT, dram_tier, kv_for, pfs_tier, smol_config
 
 pytestmark = pytest.mark.anyio
 
@@ -29,10 +29,10 @@ def config(tiers: list[dict[str, Any]]) -> dict[str, Any]:
 async def test_durable_put_replaces_a_corrupt_existing_record(tmp_path: Path) -> None:
     """Another process committed the block to the shared pfs tier, then its bytes rotted:
     a durable put that finds it must verify it and replace it, not adopt it."""
-    pfs = {"name": "pfs", "backend": "pfs", "path": str(tmp_path / "pfs"), "capacity": "64MiB"}
+    pfs = pfs_tier(tmp_path, "64MiB")
     toks = list(range(2 * BT))
     data = kv_for(2 * BT, 1)
-    kv1 = await TierKV.open(config([{"name": "dram", "backend": "dram", "capacity": "64MiB"}, pfs]))
+    kv1 = await TierKV.open(config([dram_tier(), pfs]))
     try:
         await kv1.put(toks, data)  # DRAM only
         async with await TierKV.open(config([pfs])) as kv2:
@@ -93,7 +93,7 @@ async def test_durable_put_never_adopts_a_truncated_record(tmp_path: Path, reffi
     """A record whose stored length disagrees with its tag is not indexed at restart; a
     durable put that then meets it (BlockExistsError) must not acknowledge it."""
     ref = {"name": "ref", "backend": "reffile", "path": str(tmp_path / "ref"), "capacity": "64MiB"}
-    cfg = config([{"name": "dram", "backend": "dram", "capacity": "64MiB"}, ref])
+    cfg = config([dram_tier(), ref])
     toks = list(range(2 * BT))
     data = kv_for(2 * BT, 3)
     async with await TierKV.open(cfg) as kv:
@@ -126,6 +126,6 @@ async def test_durable_put_never_adopts_a_truncated_record(tmp_path: Path, reffi
     ],
 )
 async def test_hint_rejects_bad_arguments(tmp_path: Path, kwargs: dict[str, Any]) -> None:
-    async with await TierKV.open(config([{"name": "dram", "backend": "dram", "capacity": "16MiB"}])) as kv:
+    async with await TierKV.open(config([dram_tier("16MiB")])) as kv:
         with pytest.raises(InputError):
             kv.hint(**kwargs)

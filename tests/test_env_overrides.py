@@ -7,21 +7,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kvtest import HF, dram_tier, pfs_tier, smol_config
 
 from tierkv import Config, ConfigError, TierKV
 
-HF = json.loads((Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text())
-
 
 def base() -> dict[str, Any]:
-    return {
-        "model": {"name": "smol", "revision": "r1", "hf_config": dict(HF)},
-        "kv_dtype": "float16",
-        "tiers": [
-            {"name": "dram", "backend": "dram", "capacity": "64MiB"},
-            {"name": "pfs", "backend": "pfs", "path": "/tmp/unused", "capacity": "1GiB"},
-        ],
-    }
+    """DRAM over a PFS tier never opened, no block_tokens (an override sets it); the model's
+    hf_config is a copy, so an override that leaked into it could not reach other tests."""
+    cfg = smol_config([dram_tier(), pfs_tier(Path("/tmp/unused"), "1GiB")], revision="r1", block_tokens=None)
+    cfg["model"]["hf_config"] = dict(HF)
+    return cfg
 
 
 def test_overrides_apply_over_a_mapping() -> None:

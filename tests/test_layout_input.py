@@ -7,37 +7,24 @@ raised a bare ``ValueError`` from the OS layer, and ``capacity = 0`` was accepte
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from kvtest import BT, dram_tier, kv_for, pfs_tier, smol_config
 
 from tierkv import Config, ConfigError, KVLayoutError, TierKV, TokensError
 from tierkv._layout import as_numpy_kv
 from tierkv._model import ModelSpec
 from tierkv.backend import opt_path, opt_str
 
-HF = json.loads((Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text())
-BT = 16
 SPEC = ModelSpec("m", 2, 4, 2, 8, "gqa")
 
 
-def config(tmp_path: Path, **tier: Any) -> dict[str, Any]:
-    return {
-        "model": {"name": "smol", "revision": "test", "hf_config": HF},
-        "kv_dtype": "float16",
-        "block_tokens": BT,
-        "tiers": [
-            {"name": "dram", "backend": "dram", "capacity": "64MiB"},
-            {"name": "pfs", "backend": "pfs", "path": str(tmp_path / "pfs"), "capacity": "256MiB", **tier},
-        ],
-    }
-
-
-def kv_for(n: int, dtype: Any = np.float16) -> np.ndarray[Any, Any]:
-    return np.random.default_rng(0).standard_normal((30, 2, n, 3, 64)).astype(dtype)
+def config(tmp_path: Path, **pfs_options: Any) -> dict[str, Any]:
+    """DRAM over PFS, ``pfs_options`` replacing the PFS tier's (a hostile path or capacity)."""
+    return smol_config([dram_tier(), {**pfs_tier(tmp_path), **pfs_options}])
 
 
 # ------------------------------------------------------------------ byte order

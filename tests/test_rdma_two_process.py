@@ -21,6 +21,7 @@ from pathlib import Path
 import anyio
 import numpy as np
 import pytest
+from kvtest import BT, kv_for, smol_config
 
 pytest.importorskip("mooncake.store", reason="needs mooncake-transfer-engine-non-cuda and libibverbs1")
 
@@ -72,8 +73,13 @@ def shared_master(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MasterPr
         yield m
 
 
+def _pool_opts(master: MasterProcess, ns: str) -> dict[str, object]:
+    """The options every process joining the pool ``ns`` opens its rdma backend with."""
+    return {"master": master.address, "namespace": ns, "global_segment_size": "64MiB", "staging_bytes": "16MiB"}
+
+
 def _spawn_writer(master: MasterProcess, ns: str) -> tuple[subprocess.Popen[str], list[str]]:
-    opts = {"master": master.address, "namespace": ns, "global_segment_size": "64MiB", "staging_bytes": "16MiB"}
+    opts = _pool_opts(master, ns)
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     p = subprocess.Popen(
         [sys.executable, "-c", _WRITER, json.dumps(opts)],
@@ -106,13 +112,7 @@ def _reap(p: subprocess.Popen[str], timeout: float) -> None:
 
 def _b_opts(master: MasterProcess, ns: str) -> dict[str, object]:
     # B contributes a segment too, so that the pool survives A's death for new writes
-    return {
-        "master": master.address,
-        "namespace": ns,
-        "global_segment_size": "64MiB",
-        "staging_bytes": "16MiB",
-        "timeout": 10.0,
-    }
+    return {**_pool_opts(master, ns), "timeout": 10.0}
 
 
 async def test_block_written_by_a_is_read_bit_exact_by_b(shared_master: MasterProcess, anyio_backend: str) -> None:
@@ -203,8 +203,6 @@ async def test_peer_death_then_master_death_bounded_and_recovers(master: MasterP
 
 # ------------------------------------------------------------------ TierKV level
 _REPO = str(Path(__file__).resolve().parents[1])
-HF = json.loads((Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text())
-BT = 16
 
 _READER = textwrap.dedent(
     """
@@ -233,22 +231,9 @@ _READER = textwrap.dedent(
 
 
 def _tierkv_config(master: MasterProcess, ns: str) -> dict[str, object]:
-    return {
-        "model": {"name": "smol", "revision": "two-process", "hf_config": HF},
-        "kv_dtype": "float16",
-        "block_tokens": BT,
-        "tiers": [
-            {
-                "name": "pool",
-                "backend": "rdma",
-                "master": master.address,
-                "namespace": ns,
-                "global_segment_size": "64MiB",
-                "staging_bytes": "16MiB",
-                "capacity": "32MiB",
-            }
-        ],
-    }
+    """One rdma tier: the child process B gets this config (as JSON) and opens the same pool."""
+    pool = {"name": "pool", "backend": "rdma", **_pool_opts(master, ns), "capacity": "32MiB"}
+    return smol_config([pool], revision="two-process")
 
 
 async def test_tierkv_put_in_a_lookup_and_get_in_b(shared_master: MasterProcess, anyio_backend: str) -> None:
@@ -261,7 +246,7 @@ async def test_tierkv_put_in_a_lookup_and_get_in_b(shared_master: MasterProcess,
 
     cfg = _tierkv_config(shared_master, f"tkv-{anyio_backend}")
     toks = list(range(5000, 5000 + 4 * BT + 5))
-    kv_data = np.random.default_rng(7).standard_normal((30, 2, len(toks), 3, 64)).astype(np.float16)
+    kv_data = kv_for(len(toks), 7)
     other = list(toks)
     other[2 * BT + 3] = 1  # diverges in block 2: only blocks 0 and 1 are shared
     async with await TierKV.open(cfg) as kv:

@@ -3,13 +3,13 @@ the fetch-vs-recompute gate, circuit breakers with fault injection, hints."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import anyio
-import numpy as np
+import kvtest
 import pytest
+from kvtest import BLOCK, kv_for
 from tierkv_conformance import FaultConfig, FaultInjectingBackend
 
 from tierkv import Config, InputError, LoadFailedError, SchedulerError, TierKV
@@ -18,26 +18,9 @@ from tierkv_backends.pfs import PfsBackend
 
 pytestmark = pytest.mark.anyio
 
-HF = json.loads((Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text())
-BT = 16
-BLK = 30 * 2 * BT * 3 * 64 * 2
-
-
-def kv_for(n: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((30, 2, n, 3, 64)).astype(np.float16)
-
 
 def config(tmp_path: Path, *, dram: int = 64 << 20, scheduler: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {
-        "model": {"name": "smol", "revision": "r1", "hf_config": HF},
-        "kv_dtype": "float16",
-        "block_tokens": BT,
-        "tiers": [
-            {"name": "dram", "backend": "dram", "capacity": dram},
-            {"name": "pfs", "backend": "pfs", "path": str(tmp_path / "pfs"), "capacity": "512MiB"},
-        ],
-        "scheduler": scheduler or {},
-    }
+    return kvtest.config(tmp_path, dram=dram, pfs="512MiB", revision="r1", scheduler=scheduler or {})
 
 
 async def wait_for(cond: Any, limit: float = 10.0) -> None:
@@ -67,12 +50,12 @@ async def test_service_lifecycle_and_single_instance(tmp_path: Path) -> None:
 
 
 async def test_hits_in_a_slow_tier_are_promoted_in_the_background(tmp_path: Path) -> None:
-    async with await TierKV.open(config(tmp_path, dram=BLK * 4, scheduler={"prefill_tokens_per_s": 50.0})) as kv:
+    async with await TierKV.open(config(tmp_path, dram=BLOCK * 4, scheduler={"prefill_tokens_per_s": 50.0})) as kv:
         hot = list(range(32))
         await kv.put(hot, kv_for(32))
         for i in range(4):  # push the hot prefix down to PFS
             await kv.put(list(range(1000 * (i + 1), 1000 * (i + 1) + 32)), kv_for(32, i + 1))
-        await wait_for(lambda: kv.stats()["dram"].used_bytes <= 0.9 * BLK * 4)
+        await wait_for(lambda: kv.stats()["dram"].used_bytes <= 0.9 * BLOCK * 4)
         assert "pfs" in (await kv.lookup(hot)).tiers
         for _ in range(3):  # repeated hits make its reuse value win over what sits in DRAM
             g = await kv.get(hot)

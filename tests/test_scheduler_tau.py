@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kvtest import BLOCK, dram_tier, kv_for, smol_config
 
 from tierkv import ConfigError, TierKV
 from tierkv._scheduling import SchedulerState
@@ -206,20 +205,13 @@ def test_response_delta_follows_the_current_tau() -> None:
 
 @pytest.mark.anyio
 async def test_tierkv_feeds_the_adaptive_tau(tmp_path: Path) -> None:
-    hf = json.loads((Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text())
-    cfg = {
-        "model": {"name": "smol", "revision": "test", "hf_config": hf},
-        "kv_dtype": "float16",
-        "block_tokens": 16,
-        "tiers": [{"name": "dram", "backend": "dram", "capacity": "64MiB"}],
-        "scheduler": {"policy": "predictive"},  # the adaptive tau belongs to the predictive ranking
-    }
-    block_bytes = 30 * 2 * 16 * 3 * 64 * 2
+    # the adaptive tau belongs to the predictive ranking
+    cfg = smol_config([dram_tier()], scheduler={"policy": "predictive"})
     async with await TierKV.open(cfg) as kv:
         ad = kv._sched.tau_adapter
         assert ad is not None and ad.tau == 300.0
-        assert ad._cap == min(1024, (64 << 20) // block_bytes)
-        kv_data = np.random.default_rng(0).standard_normal((30, 2, 48, 3, 64)).astype(np.float16)
+        assert ad._cap == min(1024, (64 << 20) // BLOCK)
+        kv_data = kv_for(48)
         for i in range(5):
             await kv.put(list(range(1000 * i, 1000 * i + 48)), kv_data)
             await kv.get(list(range(1000 * i, 1000 * i + 48)))

@@ -18,15 +18,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kvtest import BT, HF, dram_tier, kv_for, pfs_tier
 
 from tierkv import Config, TierKV
 from tierkv._keys import block_keys
 from tierkv._model import NON_KV_CONFIG_FIELDS, ModelSpec
 
 CONFIGS = Path(__file__).parent / "data" / "hf_configs"
-GQA = json.loads((CONFIGS / "smollm2-135m-instruct.json").read_text())  # 30 layers, 9 heads, 3 KV heads
+GQA = HF  # SmolLM2-135M: 30 layers, 9 heads, 3 KV heads
 MLA = json.loads((CONFIGS / "deepseek-v3.json").read_text())
-BT = 16
 
 Mutation = Callable[[dict[str, Any], st.DataObject], None]
 
@@ -120,7 +120,7 @@ def config(hf: dict[str, Any], **extra: Any) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "model": {"name": "m", "revision": "r", "hf_config": hf},
         "block_tokens": BT,
-        "tiers": [{"name": "dram", "backend": "dram", "capacity": "64MiB"}],
+        "tiers": [dram_tier()],
     }
     cfg.update(extra)
     return cfg
@@ -209,15 +209,10 @@ async def test_a_changed_model_finds_none_of_the_old_blocks(tmp_path: Path) -> N
     """Through a real TierKV with a persistent tier: restart with a changed rope_theta -> lookup 0 tokens."""
 
     def cfg(hf: dict[str, Any]) -> dict[str, Any]:
-        c = config(hf)
-        c["tiers"] = [
-            {"name": "dram", "backend": "dram", "capacity": "64MiB"},
-            {"name": "pfs", "backend": "pfs", "path": str(tmp_path / "pfs"), "capacity": "256MiB"},
-        ]
-        return c
+        return config(hf, tiers=[dram_tier(), pfs_tier(tmp_path)])
 
     toks = list(range(100, 100 + 4 * BT))
-    kv_data = np.random.default_rng(0).standard_normal((30, 2, len(toks), 3, 64)).astype(np.float16)
+    kv_data = kv_for(len(toks))
     async with await TierKV.open(cfg(GQA)) as kv:
         r = await kv.put(toks, kv_data, durable=True)
         assert r.tokens == len(toks)

@@ -6,22 +6,17 @@ import json
 from pathlib import Path
 
 import anyio
-import numpy as np
 import pytest
+from kvtest import BLOCK, BT, HF, kv_for
 
 from tierkv import TierKV
 from tierkv._cli import main as cli_main
 from tierkv._statsview import main
 
-HF_PATH = Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json"
-BT = 16
-BLK = 30 * 2 * BT * 3 * 64 * 2
-
 
 def hf_table() -> str:
     """The model's config.json as TOML key/value lines (JSON scalars are valid TOML; nulls dropped)."""
-    hf = json.loads(HF_PATH.read_text())
-    return "\n".join(f"{k} = {json.dumps(v)}" for k, v in hf.items() if v is not None)
+    return "\n".join(f"{k} = {json.dumps(v)}" for k, v in HF.items() if v is not None)
 
 
 def write_config(tmp_path: Path) -> Path:
@@ -60,7 +55,7 @@ def fill(cfg: Path) -> None:
     async def run() -> None:
         kv = await TierKV.open(cfg)
         try:
-            data = np.random.default_rng(0).standard_normal((30, 2, 48, 3, 64)).astype(np.float16)
+            data = kv_for(48)
             await kv.put(list(range(48)), data, durable=True)  # 3 blocks on DRAM, durable copies on PFS
         finally:
             await kv.aclose()
@@ -76,7 +71,7 @@ def test_stats_json_warm_starts_pfs(tmp_path: Path, capsys: pytest.CaptureFixtur
     tiers = {r["name"]: r for r in snap["tiers"]}
     assert list(tiers) == ["dram", "pfs"]
     assert tiers["dram"]["blocks"] == 0  # volatile: empty in a new process
-    assert tiers["pfs"]["blocks"] == 3 and tiers["pfs"]["used_bytes"] >= 3 * BLK
+    assert tiers["pfs"]["blocks"] == 3 and tiers["pfs"]["used_bytes"] >= 3 * BLOCK
     assert tiers["pfs"]["kind"] == "pfs" and tiers["pfs"]["backend"] == "pfs" and tiers["pfs"]["healthy"]
     assert tiers["pfs"]["used_pct"] == pytest.approx(100 * tiers["pfs"]["used_bytes"] / (64 << 20))
     assert snap["cost_per_hour_usd"]["pfs"] == pytest.approx(tiers["pfs"]["used_bytes"] / 1e9)  # $1/GB/h

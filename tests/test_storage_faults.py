@@ -4,7 +4,6 @@ failed nvme open, and nvme slots sized by the model's block."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import threading
@@ -15,6 +14,7 @@ from typing import Any
 import anyio
 import numpy as np
 import pytest
+from kvtest import BT, kv_for, nvme_tier, pfs_tier, smol_config
 
 from tierkv import CapacityError, IntegrityError, TierKV
 from tierkv.backend import OpenContext, run_blocking
@@ -24,22 +24,11 @@ from tierkv_backends.pfs import PfsBackend
 
 pytestmark = pytest.mark.anyio
 
-HF = json.loads((Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text())
-BT = 16
 MiB = 1 << 20
 
 
-def kv_for(n: int, seed: int = 0) -> np.ndarray[Any, Any]:
-    return np.random.default_rng(seed).standard_normal((30, 2, n, 3, 64)).astype(np.float16)
-
-
-def config(tiers: list[dict[str, Any]], *, block_tokens: int = BT) -> dict[str, Any]:
-    return {
-        "model": {"name": "smol", "revision": "r1", "hf_config": HF},
-        "kv_dtype": "float16",
-        "block_tokens": block_tokens,
-        "tiers": tiers,
-    }
+def config(tiers: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return smol_config(tiers, revision="r1", **extra)
 
 
 @pytest.fixture
@@ -59,7 +48,7 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
 # ------------------------------------------------------------------ 7: a full disk
 async def test_full_pfs_filesystem_is_a_capacity_condition_and_reads_go_on(small_fs: Path) -> None:
     # the tier's budget (64 MiB) is far above what the filesystem holds (4 MiB): puts meet ENOSPC
-    cfg = config([{"name": "pfs", "backend": "pfs", "path": str(small_fs / "pfs"), "capacity": "64MiB"}])
+    cfg = config([pfs_tier(small_fs, "64MiB")])
     stored: list[tuple[list[int], np.ndarray[Any, Any]]] = []
     full = 0
     async with await TierKV.open(cfg) as kv:
@@ -131,7 +120,7 @@ async def _until(cond: Any, limit: float = 10.0) -> None:
 
 async def test_get_honours_its_deadline_while_pfs_reads_stall(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     stall = _Stall(monkeypatch)
-    cfg = config([{"name": "pfs", "backend": "pfs", "path": str(tmp_path / "pfs"), "capacity": "64MiB"}])
+    cfg = config([pfs_tier(tmp_path, "64MiB")])
     toks = list(range(4 * BT))
     data = kv_for(4 * BT, 1)
     async with await TierKV.open(cfg) as kv:
@@ -235,7 +224,7 @@ async def test_a_renamed_pfs_record_never_serves_another_blocks_bytes(tmp_path: 
 
 
 async def test_get_of_a_sequence_with_a_forged_pfs_record_is_never_anothers_kv(tmp_path: Path) -> None:
-    cfg = config([{"name": "pfs", "backend": "pfs", "path": str(tmp_path / "pfs"), "capacity": "64MiB"}])
+    cfg = config([pfs_tier(tmp_path, "64MiB")])
     s1, s2 = list(range(2 * BT)), list(range(1000, 1000 + 2 * BT))
     d1, d2 = kv_for(2 * BT, 1), kv_for(2 * BT, 2)
     async with await TierKV.open(cfg) as kv:
@@ -317,9 +306,7 @@ async def test_nvme_derives_its_slot_size_from_the_block_size_at_open(tmp_path: 
 
 async def test_nvme_tier_holds_a_256_token_smollm2_block_by_default(tmp_path: Path) -> None:
     """Through TierKV: no slot_bytes in the nvme tier's options; the core gives the block size."""
-    cfg = config(
-        [{"name": "nvme", "backend": "nvme", "path": str(tmp_path / "nvme"), "capacity": "32MiB"}], block_tokens=256
-    )
+    cfg = config([nvme_tier(tmp_path, "32MiB")], block_tokens=256)
     toks = list(range(256))
     data = kv_for(256, 3)
     async with await TierKV.open(cfg) as kv:

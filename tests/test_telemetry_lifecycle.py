@@ -4,14 +4,14 @@ file descriptors) alive, whether they are registered on an SDK meter provider or
 from __future__ import annotations
 
 import gc
-import json
 import os
 import weakref
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import kvtest
 import pytest
+from kvtest import kv_for
 
 pytest.importorskip("opentelemetry.sdk")
 
@@ -23,22 +23,12 @@ from tierkv._telemetry import Telemetry
 
 pytestmark = pytest.mark.anyio
 
-HF = json.loads((Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text())
-BT = 16
 CYCLES = 200
 DRAM = 4 << 20  # bytes: each cycle maps a fresh DRAM arena of this size
 
 
 def config(tmp_path: Path) -> dict[str, Any]:
-    return {
-        "model": {"name": "smol", "revision": "test", "hf_config": HF},
-        "kv_dtype": "float16",
-        "block_tokens": BT,
-        "tiers": [
-            {"name": "dram", "backend": "dram", "capacity": DRAM},
-            {"name": "pfs", "backend": "pfs", "path": str(tmp_path / "pfs"), "capacity": "64MiB"},
-        ],
-    }
+    return kvtest.config(tmp_path, dram=DRAM, pfs="64MiB")
 
 
 def rss_bytes() -> int:
@@ -50,7 +40,7 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-KV = np.random.default_rng(0).standard_normal((30, 2, 32, 3, 64)).astype(np.float16)
+KV = kv_for(32)
 TOKENS = list(range(32))
 
 

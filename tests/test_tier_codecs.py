@@ -3,48 +3,30 @@ labelled inexact, corrupt payloads are misses, the auto choice shows its reasoni
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from kvtest import BLOCK, dram_tier, pfs_tier, smol_config, smooth_kv
 
 from tierkv import ConfigError, TierKV
 from tierkv_backends import pfs as pfs_mod
 
 pytestmark = pytest.mark.anyio
 
-HF = json.loads((Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text())
-BT = 16
-BLK = 30 * 2 * BT * 3 * 64 * 2
-
-
-def kv_for(n: int, seed: int = 0) -> np.ndarray:
-    # KV-like values: smooth per channel, a few outlier channels
-    rng = np.random.default_rng(seed)
-    base = rng.standard_normal((30, 2, 1, 3, 64)) * np.linspace(0.5, 4.0, 64)
-    return (base + 0.1 * rng.standard_normal((30, 2, n, 3, 64))).astype(np.float16)
-
 
 def config(tmp_path: Path, codec: dict[str, Any] | None, kv_dtype: str = "float16") -> dict[str, Any]:
-    pfs: dict[str, Any] = {"name": "pfs", "backend": "pfs", "path": str(tmp_path / "pfs"), "capacity": "256MiB"}
-    if codec is not None:
-        pfs["codec"] = codec
-    return {
-        "model": {"name": "smol", "revision": "r1", "hf_config": HF},
-        "kv_dtype": kv_dtype,
-        "block_tokens": BT,
-        "tiers": [{"name": "dram", "backend": "dram", "capacity": BLK * 2}, pfs],
-        "scheduler": {"promote": False},
-    }
+    """A two-block DRAM over a PFS tier with ``codec`` (None: raw), promotions off."""
+    pfs = pfs_tier(tmp_path) | ({"codec": codec} if codec is not None else {})
+    return smol_config([dram_tier(BLOCK * 2), pfs], revision="r1", kv_dtype=kv_dtype, scheduler={"promote": False})
 
 
 async def fill(kv: TierKV, n: int = 4) -> list[tuple[list[int], np.ndarray]]:
     out = []
     for i in range(n):
         toks = list(range(i * 1000, i * 1000 + 32))
-        data = kv_for(32, i)
+        data = smooth_kv(32, i)
         await kv.put(toks, data)
         out.append((toks, data))
     return out
@@ -56,7 +38,7 @@ async def test_lossless_codec_tier_is_bit_exact_and_smaller(tmp_path: Path) -> N
         seqs = await fill(kv)
         st = kv.stats()["pfs"]
         assert st.codec == "zstd" and st.blocks > 0
-        assert st.used_bytes < st.blocks * BLK  # stored compressed
+        assert st.used_bytes < st.blocks * BLOCK  # stored compressed
         for toks, data in seqs:
             g = await kv.get(toks)
             assert g.tokens == 32 and g.exact and g.kv.tobytes() == data.tobytes()
@@ -79,7 +61,7 @@ async def test_lossy_codec_tier_is_labelled_inexact(tmp_path: Path) -> None:
     try:
         seqs = await fill(kv)
         st = kv.stats()["pfs"]
-        assert st.codec.startswith("cachegen") and st.used_bytes < st.blocks * BLK / 3
+        assert st.codec.startswith("cachegen") and st.used_bytes < st.blocks * BLOCK / 3
         demoted = [(t, d) for t, d in seqs if "pfs" in (await kv.lookup(t)).tiers]
         assert demoted
         toks, data = demoted[0]

@@ -2,32 +2,20 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
+from kvtest import dram_tier, kv_for, smol_config
 
 from tierkv import InputError, TierKV
 
 pytestmark = pytest.mark.anyio
 
-HF = json.loads((Path(__file__).parent / "data" / "hf_configs" / "smollm2-135m-instruct.json").read_text())
-
-
-def kv_for(n: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal((30, 2, n, 3, 64)).astype(np.float16)
-
 
 def config(tmp_path: Path) -> dict[str, Any]:
-    return {
-        "model": {"name": "smol", "revision": "test", "hf_config": HF},
-        "kv_dtype": "float16",
-        "block_tokens": 16,
-        "tiers": [{"name": "dram", "backend": "dram", "capacity": "64MiB"}],
-        "scheduler": {"policy": "predictive"},  # the answer-length re-ranking belongs to the predictive policy
-    }
+    # the answer-length re-ranking belongs to the predictive policy
+    return smol_config([dram_tier()], scheduler={"policy": "predictive"})
 
 
 async def test_response_tokens_rerank_the_last_request(tmp_path: Path) -> None:
