@@ -16,16 +16,15 @@ from typing import Any
 
 import numpy as np
 import pytest
+from kvtest import BT, HF, kv_shape, smooth_kv
 
 from tierkv import ConfigError, TierKV
 
 pytestmark = pytest.mark.anyio
 
 DATA = Path(__file__).parent / "data" / "hf_configs"
-SMOL = json.loads((DATA / "smollm2-135m-instruct.json").read_text())
 # DeepSeek-V3's attention (MLA latent 512 + 64) on 2 layers: small blocks, the real layout
 MLA = {**json.loads((DATA / "deepseek-v3.json").read_text()), "num_hidden_layers": 2, "first_k_dense_replace": 0}
-BT = 16
 
 LOSSLESS: list[dict[str, Any] | None] = [None, {"codec": "lz4"}, {"codec": "zstd"}]
 LOSSY: list[dict[str, Any]] = [{"codec": "cachegen", "level": lv} for lv in (1, 2, 3)]
@@ -37,21 +36,27 @@ def cid(c: dict[str, Any] | None) -> str:
     return "none" if c is None else "-".join(str(v) for v in c.values())
 
 
-def kv_for(shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
-    """KV-like values: smooth along tokens, channels of different scales."""
-    rng = np.random.default_rng(seed)
-    base_shape = list(shape)
-    base_shape[1 if len(shape) == 3 else 2] = 1  # the token axis: MLA (layers, tokens, latent), else axis 2
-    base = rng.standard_normal(base_shape) * np.linspace(0.5, 4.0, shape[-1])
-    return (base + 0.1 * rng.standard_normal(shape)).astype(np.float16)
-
-
-def model(mla: bool) -> dict[str, Any]:
-    return {"name": "mla" if mla else "smol", "revision": "r1", "hf_config": MLA if mla else SMOL}
+def config(mla: bool, tiers: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    model = {"name": "mla" if mla else "smol", "revision": "r1", "hf_config": MLA if mla else HF}
+    return {"model": model, "kv_dtype": "float16", "block_tokens": BT, "tiers": tiers, **extra}
 
 
 def shape_of(mla: bool, n: int) -> tuple[int, ...]:
-    return (2, n, 576) if mla else (30, 2, n, 3, 64)
+    return (2, n, 576) if mla else kv_shape(n)
+
+
+def prompts(mla: bool) -> list[tuple[list[int], np.ndarray]]:
+    """Four two-block prompts and their KV."""
+    return [(list(range(s * 1000, s * 1000 + 2 * BT)), smooth_kv(shape_of(mla, 2 * BT), s)) for s in range(4)]
+
+
+async def rejected(cfg: dict[str, Any], mla: bool, codec: dict[str, Any] | None) -> bool:
+    """An MLA model with a lossy codec is a ConfigError at open (True: the test ends there)."""
+    if not (mla and codec in LOSSY):
+        return False
+    with pytest.raises(ConfigError, match="lossless codec"):
+        await TierKV.open(cfg)
+    return True
 
 
 def tier(name: str, backend: str, tmp_path: Path, capacity: int | str, codec: dict[str, Any] | None) -> dict[str, Any]:
@@ -73,7 +78,7 @@ def check(got: Any, want: np.ndarray, exact: bool, lossless: bool) -> None:
     else:
         # a reconstruction of these values: far closer to them than to another block's
         # values of the same distribution (coarse levels are coarse, but never another block)
-        other = kv_for(want.shape, seed=12345)
+        other = smooth_kv(want.shape, seed=12345)
         g32 = got.astype(np.float32)
         err = np.abs(g32 - want.astype(np.float32)).mean()
         assert err < 0.5 * np.abs(g32 - other.astype(np.float32)).mean()
@@ -83,17 +88,25 @@ def is_lossless(kv: TierKV, name: str) -> bool:
     return kv.stats()[name].codec in ("raw", "lz4", "zstd")
 
 
+async def check_restored(
+    kv: TierKV, seqs: list[tuple[list[int], np.ndarray]], lossless: bool, tiers: tuple[str, ...]
+) -> None:
+    """Every prompt is found whole on ``tiers``, exact as the codec allows."""
+    for toks, data in seqs:
+        g = await kv.get(toks)
+        assert g.tokens == 2 * BT, f"blocks lost, expected on {tiers}: {g.miss_reason}"
+        assert g.exact == lossless and g.tiers == tiers
+        check(g.kv, data, g.exact, lossless)
+
+
 @pytest.mark.parametrize("mla", [False, True], ids=["gqa", "mla"])
 @pytest.mark.parametrize("codec", ALL, ids=cid)
 async def test_first_tier(tmp_path: Path, codec: dict[str, Any] | None, mla: bool) -> None:
-    cfg = {"model": model(mla), "kv_dtype": "float16", "block_tokens": BT}
-    cfg["tiers"] = [tier("dram", "dram", tmp_path, "64MiB", codec)]
-    if mla and codec in LOSSY:
-        with pytest.raises(ConfigError, match="lossless codec"):
-            await TierKV.open(cfg)
+    cfg = config(mla, [tier("dram", "dram", tmp_path, "64MiB", codec)])
+    if await rejected(cfg, mla, codec):
         return
     toks = list(range(4 * BT))
-    data = kv_for(shape_of(mla, 4 * BT))
+    data = smooth_kv(shape_of(mla, 4 * BT))
     async with await TierKV.open(cfg) as kv:
         assert (await kv.put(toks, data)).tokens == 4 * BT
         g = await kv.get(toks)
@@ -107,19 +120,17 @@ async def test_first_tier(tmp_path: Path, codec: dict[str, Any] | None, mla: boo
 @pytest.mark.parametrize("codec", ALL, ids=cid)
 async def test_lower_tier_by_demotion(tmp_path: Path, codec: dict[str, Any] | None, mla: bool) -> None:
     blk = int(np.prod(shape_of(mla, BT))) * 2
-    cfg = {"model": model(mla), "kv_dtype": "float16", "block_tokens": BT, "scheduler": {"promote": False}}
-    cfg["tiers"] = [tier("dram", "dram", tmp_path, 3 * blk, None), tier("pfs", "pfs", tmp_path, "64MiB", codec)]
-    if mla and codec in LOSSY:
-        with pytest.raises(ConfigError):
-            await TierKV.open(cfg)
+    tiers = [tier("dram", "dram", tmp_path, 3 * blk, None), tier("pfs", "pfs", tmp_path, "64MiB", codec)]
+    cfg = config(mla, tiers, scheduler={"promote": False})
+    if await rejected(cfg, mla, codec):
         return
     async with await TierKV.open(cfg) as kv:
-        prompts = [(list(range(s * 1000, s * 1000 + 2 * BT)), kv_for(shape_of(mla, 2 * BT), s)) for s in range(4)]
-        for toks, data in prompts:
+        seqs = prompts(mla)
+        for toks, data in seqs:
             await kv.put(toks, data)
         lossless = is_lossless(kv, "pfs")
         demoted = 0
-        for toks, data in prompts:
+        for toks, data in seqs:
             g = await kv.get(toks)
             assert g.tokens == 2 * BT, g.miss_reason
             check(g.kv, data, g.exact, lossless and g.exact)
@@ -134,39 +145,29 @@ async def test_lower_tier_by_demotion(tmp_path: Path, codec: dict[str, Any] | No
 @pytest.mark.parametrize("codec", ALL, ids=cid)
 async def test_durable_only_tier_and_restart(tmp_path: Path, codec: dict[str, Any] | None, mla: bool) -> None:
     """The durable tier is the tier ``put`` writes: its copy is the only one."""
-    cfg = {"model": model(mla), "kv_dtype": "float16", "block_tokens": BT}
-    cfg["tiers"] = [tier("pfs", "pfs", tmp_path, "64MiB", codec)]
-    if mla and codec in LOSSY:
-        with pytest.raises(ConfigError):
-            await TierKV.open(cfg)
+    cfg = config(mla, [tier("pfs", "pfs", tmp_path, "64MiB", codec)])
+    if await rejected(cfg, mla, codec):
         return
-    prompts = [(list(range(s * 1000, s * 1000 + 2 * BT)), kv_for(shape_of(mla, 2 * BT), s)) for s in range(4)]
+    seqs = prompts(mla)
     async with await TierKV.open(cfg) as kv:
-        for toks, data in prompts:
+        for toks, data in seqs:
             assert (await kv.put(toks, data, durable=True)).tokens == 2 * BT
         lossless = is_lossless(kv, "pfs")
     async with await TierKV.open(cfg) as kv:
-        for toks, data in prompts:
-            g = await kv.get(toks)
-            assert g.tokens == 2 * BT, f"durable blocks lost after restart: {g.miss_reason}"
-            assert g.exact == lossless
-            check(g.kv, data, g.exact, lossless)
+        await check_restored(kv, seqs, lossless, ("pfs",))
 
 
 @pytest.mark.parametrize("mla", [False, True], ids=["gqa", "mla"])
 @pytest.mark.parametrize("codec", ALL, ids=cid)
 async def test_durable_tier_and_restart(tmp_path: Path, codec: dict[str, Any] | None, mla: bool) -> None:
-    cfg = {"model": model(mla), "kv_dtype": "float16", "block_tokens": BT}
-    cfg["tiers"] = [tier("dram", "dram", tmp_path, "64MiB", None), tier("pfs", "pfs", tmp_path, "64MiB", codec)]
-    if mla and codec in LOSSY:
-        with pytest.raises(ConfigError):
-            await TierKV.open(cfg)
+    cfg = config(mla, [tier("dram", "dram", tmp_path, "64MiB", None), tier("pfs", "pfs", tmp_path, "64MiB", codec)])
+    if await rejected(cfg, mla, codec):
         return
-    prompts = [(list(range(s * 1000, s * 1000 + 2 * BT)), kv_for(shape_of(mla, 2 * BT), s)) for s in range(4)]
+    seqs = prompts(mla)
     async with await TierKV.open(cfg) as kv:
-        for toks, data in prompts:
+        for toks, data in seqs:
             await kv.put(toks, data, durable=True)
-        for toks, data in prompts:  # served by the exact DRAM copy
+        for toks, data in seqs:  # served by the exact DRAM copy
             g = await kv.get(toks)
             assert g.tokens == 2 * BT and g.exact and g.kv.tobytes() == data.tobytes()
         lossless = is_lossless(kv, "pfs")
@@ -174,26 +175,18 @@ async def test_durable_tier_and_restart(tmp_path: Path, codec: dict[str, Any] | 
     # a fresh process (no service: promotions run inline): only the durable copies remain
     kv = await TierKV.open(cfg)
     try:
-        for toks, data in prompts:
-            g = await kv.get(toks)
-            assert g.tokens == 2 * BT, f"durable blocks lost after restart: {g.miss_reason}"
-            assert g.exact == lossless and g.tiers == ("pfs",)
-            check(g.kv, data, g.exact, lossless)
+        await check_restored(kv, seqs, lossless, ("pfs",))
         # promoted to the raw DRAM tier: a lossy reconstruction keeps exact=False and its
         # raw copy is verified against the reconstruction's checksum
-        for toks, _ in prompts:
+        for toks, _ in seqs:
             assert await kv.prefetch(toks) == 2
-        for toks, data in prompts:
-            g = await kv.get(toks)
-            assert g.tokens == 2 * BT and g.tiers == ("dram",) and g.exact == lossless
-            check(g.kv, data, g.exact, lossless)
+        await check_restored(kv, seqs, lossless, ("dram",))
         assert kv.invariant_violations() == []
     finally:
         await kv.aclose()
 
 
 async def test_lossy_auto_on_mla_is_a_config_error(tmp_path: Path) -> None:
-    cfg = {"model": model(True), "kv_dtype": "float16", "block_tokens": BT}
-    cfg["tiers"] = [tier("dram", "dram", tmp_path, "64MiB", {"codec": "auto", "allow_lossy": True})]
+    cfg = config(True, [tier("dram", "dram", tmp_path, "64MiB", {"codec": "auto", "allow_lossy": True})])
     with pytest.raises(ConfigError, match="allow_lossy"):
         await TierKV.open(cfg)
