@@ -7,17 +7,25 @@ the model's layout, DRAM/PFS tier tables, a whole config), so a test states only
 from __future__ import annotations
 
 import json
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import anyio
 import numpy as np
+
+if TYPE_CHECKING:
+    import pytest
 
 __all__ = [
     "BLOCK",
     "BT",
     "HF",
+    "Held",
     "config",
     "dram_tier",
+    "hold_in_thread",
     "kv_for",
     "kv_shape",
     "nvme_tier",
@@ -96,3 +104,33 @@ def config(
     if pfs is not None:
         tiers.append(pfs_tier(tmp_path, pfs))
     return smol_config(tiers, **extra)
+
+
+@dataclass
+class Held:
+    """A method held in its worker thread: ``started`` is set once a call is inside, the call
+    goes on when ``release`` is set (or after 5 s); ``real`` is the method before the patch."""
+
+    real: Any
+    started: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+
+    async def entered(self) -> None:
+        """Wait (polling: it is set by a worker thread) until a call is held."""
+        while not self.started.is_set():  # noqa: ASYNC110 - set by a worker thread
+            await anyio.sleep(0.001)
+
+
+def hold_in_thread(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, *, after_call: bool = False) -> Held:
+    """Patch ``owner.name`` (a method a backend runs in a worker thread) to hold every call,
+    before the real method runs or, with ``after_call``, after it has run."""
+    held = Held(getattr(owner, name))
+
+    def holding(*args: Any, **kwargs: Any) -> Any:
+        out = held.real(*args, **kwargs) if after_call else None
+        held.started.set()
+        held.release.wait(5)
+        return out if after_call else held.real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, holding)
+    return held

@@ -1,12 +1,12 @@
 from __future__ import annotations
 
 import os
-import threading
 from typing import Any
 
 import anyio
 import numpy as np
 import pytest
+from kvtest import hold_in_thread
 
 from tierkv import errors as E
 from tierkv.backend import Backend, TierKind
@@ -137,16 +137,7 @@ async def test_use_after_close() -> None:
 
 async def test_cancel_mid_write_leaves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     b = await _open(capacity=32 * MiB, inline_copy_bytes=0, large_copies="thread")  # worker thread
-    started = threading.Event()
-    release = threading.Event()
-    real = dram_mod.Arena.write_at
-
-    def slow_write(self: Any, extent: Any, src: Any) -> None:
-        started.set()
-        release.wait(5)
-        real(self, extent, src)
-
-    monkeypatch.setattr(dram_mod.Arena, "write_at", slow_write)
+    held = hold_in_thread(monkeypatch, dram_mod.Arena, "write_at")
     base = b.stats().used_bytes
     a = await b.allocate("k", 4 * MiB)
     with anyio.move_on_after(5) as outer:
@@ -156,16 +147,15 @@ async def test_cancel_mid_write_leaves_nothing(monkeypatch: pytest.MonkeyPatch) 
                 await b.write(a, _rand(4 * MiB))
 
             tg.start_soon(writer)
-            while not started.is_set():  # noqa: ASYNC110 - set by a worker thread
-                await anyio.sleep(0.001)
+            await held.entered()
             tg.cancel_scope.cancel()
-            release.set()
+            held.release.set()
     assert not outer.cancelled_caught
     assert not await b.contains("k")
     assert b.stats().used_bytes == base and b.stats().reserved_bytes == 0
     with pytest.raises(E.BlockNotFoundError):
         await b.read("k")
-    monkeypatch.setattr(dram_mod.Arena, "write_at", real)
+    monkeypatch.setattr(dram_mod.Arena, "write_at", held.real)
     a = await b.allocate("k", 10)  # key is free again
     await b.write(a, b"0123456789")
     assert bytes(await b.read("k")) == b"0123456789"
@@ -177,16 +167,7 @@ async def test_evict_during_read_defers_free(monkeypatch: pytest.MonkeyPatch) ->
     data = _rand(2 * MiB, 3)
     a = await b.allocate("k", 2 * MiB)
     await b.write(a, data)
-    started = threading.Event()
-    release = threading.Event()
-    real = dram_mod.Arena.read_at
-
-    def slow_read(self: Any, extent: Any, dst: Any) -> None:
-        started.set()
-        release.wait(5)
-        real(self, extent, dst)
-
-    monkeypatch.setattr(dram_mod.Arena, "read_at", slow_read)
+    held = hold_in_thread(monkeypatch, dram_mod.Arena, "read_at")
     result: list[bytes] = []
     async with anyio.create_task_group() as tg:
 
@@ -194,13 +175,12 @@ async def test_evict_during_read_defers_free(monkeypatch: pytest.MonkeyPatch) ->
             result.append(bytes(await b.read("k")))
 
         tg.start_soon(reader)
-        while not started.is_set():  # noqa: ASYNC110 - set by a worker thread
-            await anyio.sleep(0.001)
+        await held.entered()
         assert await b.evict("k") is True
         assert not await b.contains("k")
-        held = b.stats().used_bytes
-        assert held == 2 * MiB  # still pinned by the read
-        release.set()
+        held_bytes = b.stats().used_bytes
+        assert held_bytes == 2 * MiB  # still pinned by the read
+        held.release.set()
     assert result[0] == data.tobytes()
     assert b.stats().used_bytes == 0
     await b.aclose()

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from kvtest import hold_in_thread
 
 from tierkv import errors as E
 from tierkv._engine._tags import pack_tag
@@ -362,24 +362,13 @@ async def _cancel_during_publish(monkeypatch: pytest.MonkeyPatch, write: Callabl
     """Run ``write`` and cancel it while a block's publish is held in its worker thread
     (after its content file and record were linked); the thread then goes on, and the
     cancelled write must undo what it published. Fails if this takes over 5 s."""
-    started = threading.Event()
-    release = threading.Event()
-    real = PfsBackend._put_block
-
-    def slow_put(self: PfsBackend, *args: Any) -> Any:
-        out = real(self, *args)
-        started.set()
-        release.wait(5)
-        return out
-
-    monkeypatch.setattr(PfsBackend, "_put_block", slow_put)
+    held = hold_in_thread(monkeypatch, PfsBackend, "_put_block", after_call=True)
     with anyio.move_on_after(5) as outer:
         async with anyio.create_task_group() as tg:
             tg.start_soon(write)
-            while not started.is_set():  # noqa: ASYNC110 - set by a worker thread
-                await anyio.sleep(0.001)
+            await held.entered()
             tg.cancel_scope.cancel()
-            release.set()
+            held.release.set()
     assert not outer.cancelled_caught
 
 
