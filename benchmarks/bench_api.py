@@ -14,7 +14,11 @@ Every repetition measures, back to back, the reference and each operation:
   ``put(prefix, kv_of_that_block, start=len(prefix) - 256)``, the block's KV a strided view of
   the caller's whole cache (the p50 over the sequence's blocks), beside the memcpy of one block;
 * ``lookup``: the whole sequence, all stored, from a Python list and from an ndarray, at
-  ``--tokens`` and at 8x that (the longer one with only the first ``--tokens`` stored).
+  ``--tokens`` and at 8x that (the longer one with only the first ``--tokens`` stored);
+* ``put_paged`` / ``get_paged``: the same tokens held in vLLM flash-attention caches (per layer
+  ``[2, num_blocks, 16, kv_heads, head_dim]`` torch CPU tensors, a shuffled block table) beside
+  ``torch.index_select`` (gather into a pre-touched buffer) and ``index_copy_`` (scatter) of the
+  same engine blocks of every layer (ratio = torch time / tierkv time).
 
 It prints one table: the median of the repetitions for each figure, the ratio to memcpy
 (memcpy time / operation time, so 1.0 is memcpy speed), the target, and LMCache 0.5.6's
@@ -113,6 +117,7 @@ async def bench_shape(name: str, n: int, reps: int) -> list[tuple[str, str, str,
                 await kv.put(tokens[:m], src[:, :, m - BT : m], start=m - BT)
 
             per_block.append(await atimed(step))
+        await paged(kv, src, tokens, reps, add)
     finally:
         await kv.aclose()
     mem = statistics.median(res["memcpy"])
@@ -130,6 +135,10 @@ async def bench_shape(name: str, n: int, reps: int) -> list[tuple[str, str, str,
             LMCACHE["new block"],
         )
     )
+    if "put_paged" in res:
+        for k, ref in (("put_paged", "index_select"), ("get_paged", "index_copy_")):
+            t, r = statistics.median(res[k]), statistics.median(res[ref])
+            rows.append((k, f"{t * 1e3:.1f} ms", f"{r / t:.2f}x", ">= 0.9x", ""))
     for k, target in (
         ("lookup list", "<= 0.1 ms"),
         ("lookup array", "<= 0.1 ms"),
@@ -139,6 +148,38 @@ async def bench_shape(name: str, n: int, reps: int) -> list[tuple[str, str, str,
         t = statistics.median(res[k])
         rows.append((k, f"{t * 1e3:.3f} ms", "", target, LMCACHE.get(k, "")))
     return rows
+
+
+async def paged(
+    kv: TierKV, src: np.ndarray[Any, Any], tokens: np.ndarray[Any, Any], reps: int, add: Callable[[str, float], None]
+) -> None:
+    """put_paged/get_paged through vLLM flash caches beside torch's gather and scatter."""
+    try:
+        import torch
+    except ImportError:
+        return
+    from tierkv import PagedLayout
+
+    eb = 16
+    layers, _, n, heads, dim = src.shape
+    nb = n // eb
+    caches = [torch.empty((2, nb, eb, heads, dim), dtype=torch.float16) for _ in range(layers)]
+    table = torch.from_numpy(np.random.default_rng(1).permutation(nb))
+    for li, c in enumerate(caches):  # the engine's blocks, scattered over the cache by the table
+        c.numpy()[:, table.numpy()] = src[li].reshape(2, nb, eb, heads, dim)
+    gathered = [torch.empty((2, nb, eb, heads, dim), dtype=torch.float16) for _ in range(layers)]
+    out = [torch.zeros_like(c) for c in caches]
+    layout = PagedLayout.named("vllm-flash", eb)
+    for _ in range(reps):
+        add(
+            "index_select",
+            timed(lambda: [torch.index_select(c, 1, table, out=g) for c, g in zip(caches, gathered, strict=True)]),
+        )
+        await kv.invalidate()
+        add("put_paged", await atimed(lambda: kv.put_paged(tokens, caches, table, layout=layout)))
+        add("index_copy_", timed(lambda: [o.index_copy_(1, table, g) for o, g in zip(out, gathered, strict=True)]))
+        add("get_paged", await atimed(lambda: kv.get_paged(tokens, out, table, layout=layout)))
+    assert all(torch.equal(o, c) for o, c in zip(out, caches, strict=True)), "get_paged returned other bytes"
 
 
 async def _keep(out: list[Any], aw: Awaitable[Any]) -> None:

@@ -11,6 +11,7 @@ from ._config import KV_DTYPES, Config, TenantQuota, TierConfig
 from ._engine import CheckpointResult, GetResult, LookupResult, PutResult, TenantStats, TierKV, TierStats
 from ._keys import Scope
 from ._model import AttentionKind, ModelSpec
+from ._paged import LAYOUTS, PagedLayout
 from ._sync import SyncTierKV
 from .errors import (
     BackendClosedError,
@@ -42,6 +43,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "KV_DTYPES",
+    "LAYOUTS",
     "AttentionKind",
     "BackendClosedError",
     "BackendError",
@@ -62,6 +64,7 @@ __all__ = [
     "LoadFailedError",
     "LookupResult",
     "ModelSpec",
+    "PagedLayout",
     "PluginConflictError",
     "PluginError",
     "PluginNotFoundError",

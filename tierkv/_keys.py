@@ -169,6 +169,13 @@ def to_token_array(tokens: object) -> np.ndarray[Any, np.dtype[np.int64]]:
     return out
 
 
+def layout_digest(scope_digest: bytes, layout_id: bytes) -> bytes:
+    """The key seed of blocks stored in an engine-native layout (``layout_id``, see
+    :attr:`tierkv.PagedLayout.key_id`): their keys never meet those of another layout or
+    of the canonical layout, whose seed is ``scope_digest`` itself."""
+    return hashlib.sha256(b"tierkv-layout\x00" + scope_digest + layout_id).digest()
+
+
 def block_keys(scope_digest: bytes, tokens: np.ndarray[Any, np.dtype[np.int64]], block_tokens: int) -> list[bytes]:
     """Chained 32-byte digests, one per *whole* block of ``tokens``.
 

@@ -25,7 +25,7 @@ import numpy as np
 from ._model import ModelSpec
 from .errors import KVLayoutError
 
-__all__ = ["STORAGE_DTYPES", "as_numpy_kv", "block_slice", "token_axis"]
+__all__ = ["STORAGE_DTYPES", "as_numpy_kv", "block_slice", "from_torch", "token_axis"]
 
 #: numpy dtype that holds each KV dtype's bits.
 STORAGE_DTYPES: dict[str, np.dtype[Any]] = {
@@ -46,7 +46,7 @@ def block_slice(spec: ModelSpec, start: int, stop: int) -> tuple[slice, ...]:
     return (slice(None),) * token_axis(spec) + (slice(start, stop),)
 
 
-def _from_torch(t: Any, kv_dtype: str) -> np.ndarray[Any, Any]:
+def from_torch(t: Any, kv_dtype: str) -> np.ndarray[Any, Any]:
     dev = getattr(t, "device", None)
     if dev is not None and dev.type == "meta":
         raise KVLayoutError("device", "a tensor with data on the cpu", "a 'meta' tensor (shape only, no data)")
@@ -91,7 +91,7 @@ def as_numpy_kv(kv_data: object, spec: ModelSpec, kv_dtype: str, tokens: int) ->
             else:
                 raise KVLayoutError("dtype", f"{want} (for kv_dtype {kv_dtype})", str(arr.dtype))
     elif type(kv_data).__module__.startswith("torch"):
-        arr = _from_torch(kv_data, kv_dtype)
+        arr = from_torch(kv_data, kv_dtype)
     else:
         raise KVLayoutError("type", "a numpy array or a torch tensor", type(kv_data).__name__)
     expected = spec.kv_shape(tokens)

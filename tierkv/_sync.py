@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from ._config import Config
     from ._engine import CheckpointResult, GetResult, LookupResult, PutResult, TenantStats, TierKV, TierStats
     from ._keys import Scope
+    from ._paged import PagedLayout
 
 __all__ = ["SyncTierKV"]
 
@@ -198,6 +199,40 @@ class SyncTierKV:
         """:meth:`TierKV.get`, from a synchronous thread."""
         kv = self.aio
         return self._portal().call(lambda: kv.get(tokens, out=out, tenant=tenant))
+
+    def put_paged(
+        self,
+        tokens: object,
+        caches: object,
+        block_table: object,
+        *,
+        layout: PagedLayout,
+        start: int = 0,
+        block_type: str | None = None,
+        tenant: str | None = None,
+        durable: bool = False,
+    ) -> PutResult:
+        """:meth:`TierKV.put_paged`, from a synchronous thread."""
+        kv = self.aio
+        return self._portal().call(
+            lambda: kv.put_paged(
+                tokens,
+                caches,
+                block_table,
+                layout=layout,
+                start=start,
+                block_type=block_type,
+                tenant=tenant,
+                durable=durable,
+            )
+        )
+
+    def get_paged(
+        self, tokens: object, caches: object, block_table: object, *, layout: PagedLayout, tenant: str | None = None
+    ) -> GetResult:
+        """:meth:`TierKV.get_paged`, from a synchronous thread."""
+        kv = self.aio
+        return self._portal().call(lambda: kv.get_paged(tokens, caches, block_table, layout=layout, tenant=tenant))
 
     def invalidate(self, *, tenant: str | None = None, all_tenants: bool = False, scope: Scope | None = None) -> int:
         """:meth:`TierKV.invalidate`, from a synchronous thread."""

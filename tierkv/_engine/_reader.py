@@ -21,6 +21,7 @@ import anyio.lowlevel
 import numpy as np
 
 from .._layout import as_numpy_kv, block_slice
+from .._paged import PagedSink
 from ..backend import SupportsTagLookup
 from ..errors import (
     BackendError,
@@ -316,7 +317,8 @@ class Reader:
                 pass
             if not decision.fetch:
                 return GetResult(0, None, (), "gated", decision.fetch_s, decision.recompute_s)
-        target = self.out_view(out, n * bt)
+        sink = out if isinstance(out, PagedSink) else None
+        target = self.out_view(out, n * bt) if sink is None else None
         served = [e.tier for e in entries]
         datas = await self.read_blocks(entries, served)
 
@@ -329,6 +331,10 @@ class Reader:
                         f"block {e.key[:16]} failed its CRC check", tier=self.s.tiers[e.tier].name
                     )
                     return i
+                if sink is not None:
+                    sink.place(i, d)
+                    continue
+                assert target is not None
                 blk = np.frombuffer(d, dtype=self.s.dtype).reshape(self.s.block_shape)
                 target[block_slice(self.s.spec, i * bt, (i + 1) * bt)] = blk
             return len(entries)
@@ -378,8 +384,11 @@ class Reader:
         used = set(served[:good])
         tiers = tuple(t.name for i, t in enumerate(self.s.tiers) if i in used)
         exact = all(e.exact and self.s.exact_tier(ti) for e, ti in zip(entries[:good], served[:good], strict=True))
+        if sink is not None:
+            return GetResult(good * bt, None, tiers, miss_reason, exact=exact)
         if out is not None:
             return GetResult(good * bt, out, tiers, miss_reason, exact=exact)
+        assert target is not None
         result = target if good == n else np.ascontiguousarray(target[block_slice(self.s.spec, 0, good * bt)])
         return GetResult(good * bt, result, tiers, miss_reason, exact=exact)
 

@@ -22,7 +22,7 @@ import anyio
 import numpy as np
 
 from .._config import Config, TenantQuota
-from .._keys import block_keys, tenant_salt, to_token_array
+from .._keys import block_keys, layout_digest, tenant_salt, to_token_array
 from .._layout import STORAGE_DTYPES
 from .._placement import TierLoad
 from .._scheduling import SchedulerState
@@ -137,9 +137,15 @@ class Store:
                 self.tenant_quotas[tid] = q
         return d, tid
 
-    def keys(self, tokens: object, tenant: str | None) -> tuple[np.ndarray[Any, Any], list[bytes], bytes]:
+    def keys(
+        self, tokens: object, tenant: str | None, layout: bytes | None = None
+    ) -> tuple[np.ndarray[Any, Any], list[bytes], bytes]:
+        """(token ids, block keys, tenant id); ``layout``: the key id of an engine-native
+        layout (its blocks' keys are seeded apart)."""
         arr = to_token_array(tokens)
         digest, tid = self.scope_digest(tenant)
+        if layout is not None:
+            digest = layout_digest(digest, layout)
         return arr, block_keys(digest, arr, self.block_tokens), tid
 
     def loads(self) -> list[TierLoad]:

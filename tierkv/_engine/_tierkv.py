@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import functools
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -50,10 +50,11 @@ from .._config import Config
 from .._keys import Scope, tenant_salt
 from .._layout import STORAGE_DTYPES, as_numpy_kv, block_slice
 from .._options import config_path
+from .._paged import PagedCaches, PagedLayout, PagedSink
 from .._registry import load_backend_class
 from .._telemetry import Telemetry
 from ..backend import Backend, BackendStats, OpenContext, TierKind
-from ..errors import InputError, TierKVError, TierUnavailableError
+from ..errors import InputError, KVLayoutError, TierKVError, TierUnavailableError
 from ._results import CheckpointResult, GetResult, LookupResult, PutResult, TenantStats, TierStats
 from ._service import Rebalance
 from ._store import Store
@@ -261,13 +262,83 @@ class TierKV:
         """
         self._s.check_open()
         arr_tokens, keys, tid = self._s.keys(tokens, tenant)
+        first = self._first_block(start, len(arr_tokens))
+        kv = as_numpy_kv(kv_data, self._s.spec, self._s.config.kv_dtype, len(arr_tokens) - start)
+        spec, bt = self._s.spec, self._s.block_tokens
+
+        def block(i: int) -> np.ndarray[Any, Any]:
+            return np.ascontiguousarray(kv[block_slice(spec, (i - first) * bt, (i - first + 1) * bt)])
+
+        return await self._put_blocks(arr_tokens, keys, tid, first, block, block_type, durable)
+
+    async def put_paged(
+        self,
+        tokens: object,
+        caches: object,
+        block_table: object,
+        *,
+        layout: PagedLayout,
+        start: int = 0,
+        block_type: str | None = None,
+        tenant: str | None = None,
+        durable: bool = False,
+    ) -> PutResult:
+        """Store the KV of ``tokens`` held in an engine's paged caches (see :mod:`tierkv._paged`).
+
+        ``caches``: one cache per KV layer in ``layout``'s axes (a ``(K, V)`` pair per layer
+        for a paired layout), numpy arrays or CPU torch tensors, views of the engine's memory;
+        ``block_table``: the engine block ids of the sequence (``ceil(len(tokens) /
+        layout.block_size)`` at least, as an engine keeps them). Each whole tierkv block is
+        gathered from its engine blocks straight into the block's bytes, which keep the
+        engine's layout; its keys are seeded by the layout, so only :meth:`get_paged` with
+        the same layout finds them. ``start`` as for :meth:`put`.
+
+        Raises InputError (a block id outside the caches, a table too short for the tokens,
+        an engine block size that does not divide ``block_tokens``, a bad ``start``),
+        KVLayoutError (caches that do not match the layout or the model), and what
+        :meth:`put` raises; nothing is stored on a bad argument.
+        """
+        self._s.check_open()
+        if not isinstance(layout, PagedLayout):
+            raise InputError(f"layout: expected a tierkv.PagedLayout, got {type(layout).__name__}")
+        arr_tokens, keys, tid = self._s.keys(tokens, tenant, layout.key_id)
+        first = self._first_block(start, len(arr_tokens))
+        pc = self._paged(caches, layout, writable=False)
+        ids = pc.table(block_table, len(arr_tokens))
+        per, nbytes = pc.per, self._s.block_nbytes
+
+        def block(i: int) -> np.ndarray[Any, Any]:
+            return pc.gather(ids[i * per : (i + 1) * per], nbytes)
+
+        return await self._put_blocks(arr_tokens, keys, tid, first, block, block_type, durable)
+
+    def _first_block(self, start: object, tokens: int) -> int:
         bt = self._s.block_tokens
-        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= len(arr_tokens):
-            raise InputError(f"start: expected an int in [0, len(tokens)={len(arr_tokens)}], got {start!r}")
+        if isinstance(start, bool) or not isinstance(start, int) or not 0 <= start <= tokens:
+            raise InputError(f"start: expected an int in [0, len(tokens)={tokens}], got {start!r}")
         if start % bt:
             raise InputError(f"start: {start} is not a multiple of block_tokens ({bt})")
-        kv = as_numpy_kv(kv_data, self._s.spec, self._s.config.kv_dtype, len(arr_tokens) - start)
-        first = start // bt
+        return start // bt
+
+    def _paged(self, caches: object, layout: PagedLayout, *, writable: bool) -> PagedCaches:
+        pc = PagedCaches(caches, layout, self._s.spec, self._s.config.kv_dtype, self._s.block_tokens, writable=writable)
+        if pc.part_nbytes * sum(len(p) for p in pc.layers) != self._s.block_nbytes:
+            raise KVLayoutError("caches", f"{self._s.block_nbytes} bytes per block", pc.part_nbytes)
+        return pc
+
+    async def _put_blocks(
+        self,
+        arr_tokens: np.ndarray[Any, Any],
+        keys: list[bytes],
+        tid: bytes,
+        first: int,
+        block: Callable[[int], np.ndarray[Any, Any]],
+        block_type: str | None,
+        durable: bool,
+    ) -> PutResult:
+        """Store blocks ``first..`` of a prefix; ``block(i)`` gives block ``i``'s bytes as a
+        C-contiguous array (called in a worker thread)."""
+        bt = self._s.block_tokens
         if block_type is not None and not isinstance(block_type, str):
             raise InputError(f"block_type: expected a string or None, got {type(block_type).__name__}")
         if durable and self._s.persistent_tier() is None:
@@ -288,8 +359,7 @@ class TierKV:
         def prepare() -> list[tuple[int, memoryview, int]]:
             out = []
             for i in todo:
-                blk = np.ascontiguousarray(kv[block_slice(self._s.spec, (i - first) * bt, (i - first + 1) * bt)])
-                data = blk.reshape(-1).view(np.uint8).data
+                data = block(i).reshape(-1).view(np.uint8).data
                 out.append((i, data, zlib.crc32(data)))
             return out
 
@@ -413,6 +483,32 @@ class TierKV:
         """
         self._s.check_open()
         arr, keys, tid = self._s.keys(tokens, tenant)
+        return await self._get(arr, keys, tid, out)
+
+    async def get_paged(
+        self, tokens: object, caches: object, block_table: object, *, layout: PagedLayout, tenant: str | None = None
+    ) -> GetResult:
+        """Load the longest stored prefix of ``tokens`` that was put with :meth:`put_paged` in
+        the same ``layout`` into the engine blocks ``block_table`` names (see
+        :meth:`put_paged`); each block is scattered from what the tier returns straight into
+        its engine blocks. Returns a GetResult whose ``kv`` is None: the caches hold it.
+        Engine blocks past the returned prefix are not written.
+
+        Raises InputError (a block id outside the caches or named twice, a table too short
+        for the tokens), KVLayoutError (caches that do not match the layout or the model, or
+        read-only), and what :meth:`get` raises; nothing is written on a bad argument.
+        """
+        self._s.check_open()
+        if not isinstance(layout, PagedLayout):
+            raise InputError(f"layout: expected a tierkv.PagedLayout, got {type(layout).__name__}")
+        arr, keys, tid = self._s.keys(tokens, tenant, layout.key_id)
+        pc = self._paged(caches, layout, writable=True)
+        ids = pc.table(block_table, len(arr))
+        if len(np.unique(ids)) != len(ids):
+            raise InputError("block_table: an engine block is named twice (each must receive its own tokens)")
+        return await self._get(arr, keys, tid, PagedSink(pc, ids))
+
+    async def _get(self, arr: np.ndarray[Any, Any], keys: list[bytes], tid: bytes, out: Any) -> GetResult:
         with self._s.tel.timed("get") as span:
             found, reason = self._s.index.walk(keys, tid)
             if reason == "never_stored":
