@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from conformance_ref import RefFileBackend, RefMemoryBackend
@@ -13,44 +13,45 @@ from tierkv_conformance import BackendConformance, FaultConfig, FaultInjectingBa
 from tierkv.backend import Backend
 
 
-class TestRefMemory(BackendConformance):
-    backend_cls = RefMemoryBackend
+class _RefSuite(BackendConformance):
+    """The suite over a reference backend opened with ``options`` (a file backend's ``path``
+    is a folder in the test's own directory)."""
+
+    options: ClassVar[dict[str, Any]]
 
     @pytest.fixture
     def backend_options(self, tmp_path: Path) -> dict[str, Any]:
-        return {"capacity": "48MiB", "max_block_bytes": "16MiB"}
+        if issubclass(self.backend_cls, RefFileBackend):
+            return {**self.options, "path": str(tmp_path / "blocks")}
+        return dict(self.options)
 
 
-class TestRefMemoryAligned(BackendConformance):
+class TestRefMemory(_RefSuite):
+    backend_cls = RefMemoryBackend
+    options: ClassVar[dict[str, Any]] = {"capacity": "48MiB", "max_block_bytes": "16MiB"}
+
+
+class TestRefMemoryAligned(_RefSuite):
     backend_cls = RefMemoryBackend
     cancel_iterations = 20
     stateful_examples = 5
-
-    @pytest.fixture
-    def backend_options(self, tmp_path: Path) -> dict[str, Any]:
-        return {"capacity": 1_000_000, "alignment": 4096, "max_block_bytes": 300_000}
+    options: ClassVar[dict[str, Any]] = {"capacity": 1_000_000, "alignment": 4096, "max_block_bytes": 300_000}
 
 
-class TestRefFile(BackendConformance):
+class TestRefFile(_RefSuite):
     backend_cls = RefFileBackend
     cancel_iterations = 30
     stateful_examples = 8
-
-    @pytest.fixture
-    def backend_options(self, tmp_path: Path) -> dict[str, Any]:
-        return {"capacity": "32MiB", "path": str(tmp_path / "blocks"), "alignment": 512, "max_block_bytes": "8MiB"}
+    options: ClassVar[dict[str, Any]] = {"capacity": "32MiB", "alignment": 512, "max_block_bytes": "8MiB"}
 
 
-class TestFaultWrapperAtZeroRates(BackendConformance):
+class TestFaultWrapperAtZeroRates(_RefSuite):
     """With every rate at zero the fault wrapper is itself a conformant backend."""
 
     backend_cls = RefFileBackend
     cancel_iterations = 20
     stateful_examples = 5
-
-    @pytest.fixture
-    def backend_options(self, tmp_path: Path) -> dict[str, Any]:
-        return {"capacity": "16MiB", "path": str(tmp_path / "blocks"), "max_block_bytes": "4MiB"}
+    options: ClassVar[dict[str, Any]] = {"capacity": "16MiB", "max_block_bytes": "4MiB"}
 
     async def open_backend(self, options: Mapping[str, Any]) -> Backend:
         inner = await RefFileBackend.open(dict(options))

@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tierkv_conformance import FaultInjectingBackend
 from tierkv_conformance._faults import FaultConfig
 
-from tierkv import TierKV
+from tierkv import GetResult, TierKV
 from tierkv._config import Config
 from tierkv._keys import block_keys, to_token_array
 from tierkv._registry import load_backend_class
@@ -30,7 +30,6 @@ from tierkv.backend import Backend
 
 pytestmark = pytest.mark.anyio
 
-BLK = BLOCK  # bytes of one block (SmolLM2-135M, fp16)
 DEFAULT_TENANT = "0" * 32
 
 
@@ -124,13 +123,13 @@ async def test_hit_span_and_metrics(tmp_path: Path, otel: Otel) -> None:
 
     (put,) = otel.attrs("tierkv.put")
     assert put["tierkv.tokens"] == 48 and put["tierkv.new_blocks"] == 3
-    assert put["tierkv.bytes"] == 3 * BLK and tuple(put["tierkv.codec"]) == ("raw",)
+    assert put["tierkv.bytes"] == 3 * BLOCK and tuple(put["tierkv.codec"]) == ("raw",)
     tid = put["tierkv.tenant"]
     assert tid != "alice" and len(tid) == 32 and tid != DEFAULT_TENANT  # hashed, never the name
     (get,) = otel.attrs("tierkv.get")
     assert get["tierkv.tokens"] == 48 and get["tierkv.hit_tokens"] == 48
     assert list(get["tierkv.tiers_hit"]) == ["dram"]
-    assert get["tierkv.bytes"] == 3 * BLK and tuple(get["tierkv.codec"]) == ("raw",)
+    assert get["tierkv.bytes"] == 3 * BLOCK and tuple(get["tierkv.codec"]) == ("raw",)
     assert get["tierkv.tenant"] == tid and get["tierkv.miss_reason"] == ""
     (look,) = otel.attrs("tierkv.lookup")
     assert look["tierkv.hit_tokens"] == 48 and look["tierkv.miss_reason"] == ""
@@ -141,8 +140,8 @@ async def test_hit_span_and_metrics(tmp_path: Path, otel: Otel) -> None:
 
     m = otel.metrics()
     assert otel.value(m, "tierkv.hits", tier="dram") == 3
-    assert otel.value(m, "tierkv.bytes_read", tier="dram") == 3 * BLK
-    assert otel.value(m, "tierkv.bytes_written", tier="dram") == 3 * BLK
+    assert otel.value(m, "tierkv.bytes_read", tier="dram") == 3 * BLOCK
+    assert otel.value(m, "tierkv.bytes_written", tier="dram") == 3 * BLOCK
     assert otel.value(m, "tierkv.tenant.tokens", tenant=tid, op="put") == 48
     assert otel.value(m, "tierkv.tenant.tokens", tenant=tid, op="hit") == 48
     assert otel.value(m, "tierkv.tokens_saved", tenant=tid) == 48
@@ -197,7 +196,7 @@ async def test_miss_integrity_corrupt_pfs_file(tmp_path: Path, otel: Otel) -> No
     toks = list(range(48))
     async with await open_kv(config(tmp_path, dram=None), otel) as kv:
         await kv.put(toks, kv_for(48))
-        files = sorted(p for p in (tmp_path / "pfs").rglob("*") if p.is_file() and p.stat().st_size >= BLK)
+        files = sorted(p for p in (tmp_path / "pfs").rglob("*") if p.is_file() and p.stat().st_size >= BLOCK)
         assert files
         raw = bytearray(files[0].read_bytes())
         raw[1000] ^= 0xFF
@@ -245,16 +244,22 @@ async def test_miss_different_scope_of_the_same_tenant(tmp_path: Path, otel: Ote
         assert (await kv.get(toks, tenant="bob")).miss_reason == "never_stored"
 
 
-async def test_miss_gated_and_gate_span(tmp_path: Path, otel: Otel) -> None:
-    # an absurd prefill rate: recomputing is always faster than reading
-    cfg = config(tmp_path, scheduler={"prefill_tokens_per_s": 1e12})
+async def gated_get(tmp_path: Path, otel: Otel, prefill_tokens_per_s: float) -> tuple[GetResult, dict[str, Any]]:
+    """Put 64 tokens and get them with the gate on at this prefill rate: the get, and its gate span's attributes."""
+    cfg = config(tmp_path, scheduler={"prefill_tokens_per_s": prefill_tokens_per_s})
     toks = list(range(64))
     async with await open_kv(cfg, otel) as kv:
         await kv.put(toks, kv_for(64))
         g = await kv.get(toks)
-        assert g.tokens == 0 and g.miss_reason == "gated"
-        assert g.fetch_s is not None and g.recompute_s is not None and g.fetch_s > g.recompute_s
     (gate,) = otel.attrs("tierkv.gate")
+    return g, gate
+
+
+async def test_miss_gated_and_gate_span(tmp_path: Path, otel: Otel) -> None:
+    # an absurd prefill rate: recomputing is always faster than reading
+    g, gate = await gated_get(tmp_path, otel, 1e12)
+    assert g.tokens == 0 and g.miss_reason == "gated"
+    assert g.fetch_s is not None and g.recompute_s is not None and g.fetch_s > g.recompute_s
     assert gate["tierkv.decision"] == "recompute"
     assert gate["tierkv.fetch_s"] == pytest.approx(g.fetch_s)
     assert gate["tierkv.recompute_s"] == pytest.approx(g.recompute_s)
@@ -270,13 +275,8 @@ async def test_miss_gated_and_gate_span(tmp_path: Path, otel: Otel) -> None:
 
 async def test_gated_fetch(tmp_path: Path, otel: Otel) -> None:
     # a slow engine: fetching is the better deal, the gate says fetch and the get hits
-    cfg = config(tmp_path, scheduler={"prefill_tokens_per_s": 10.0})
-    toks = list(range(64))
-    async with await open_kv(cfg, otel) as kv:
-        await kv.put(toks, kv_for(64))
-        g = await kv.get(toks)
-        assert g.tokens == 64 and g.miss_reason == ""
-    (gate,) = otel.attrs("tierkv.gate")
+    g, gate = await gated_get(tmp_path, otel, 10.0)
+    assert g.tokens == 64 and g.miss_reason == ""
     assert gate["tierkv.decision"] == "fetch" and gate["tierkv.fetch_s"] < gate["tierkv.recompute_s"]
     assert gate["tierkv.recompute_s"] == pytest.approx(64 / 10.0)
     assert gate["tierkv.tokens"] == 64
@@ -347,7 +347,7 @@ async def test_unhealthy_tier_miss_and_decision_spans(tmp_path: Path, otel: Otel
 
 async def test_demotion_and_eviction_decisions(tmp_path: Path, otel: Otel) -> None:
     seqs = [list(range(i * 1000, i * 1000 + 32)) for i in range(6)]
-    async with await open_kv(config(tmp_path, dram=str(BLK * 4)), otel) as kv:
+    async with await open_kv(config(tmp_path, dram=str(BLOCK * 4)), otel) as kv:
         for i, s in enumerate(seqs):
             await kv.put(s, kv_for(32, i))
         demotions = kv.stats()["dram"].demotions
@@ -367,7 +367,7 @@ async def test_demotion_and_eviction_decisions(tmp_path: Path, otel: Otel) -> No
 
 
 async def test_eviction_at_the_bottom(tmp_path: Path, otel: Otel) -> None:
-    async with await open_kv(config(tmp_path, dram=str(BLK * 3), pfs=None), otel) as kv:
+    async with await open_kv(config(tmp_path, dram=str(BLOCK * 3), pfs=None), otel) as kv:
         for i in range(5):
             await kv.put(list(range(i * 100, i * 100 + 16)), kv_for(16, i))
     ev = otel.attrs("tierkv.decision.evict")
@@ -432,7 +432,7 @@ async def test_promotion_by_value_in_the_service(tmp_path: Path, otel: Otel) -> 
 
 async def test_bytes_metrics_match_tier_stats(tmp_path: Path, otel: Otel) -> None:
     seqs = [list(range(i * 1000, i * 1000 + 32)) for i in range(6)]
-    async with await open_kv(config(tmp_path, dram=str(BLK * 4)), otel) as kv:
+    async with await open_kv(config(tmp_path, dram=str(BLOCK * 4)), otel) as kv:
         for i, s in enumerate(seqs):
             await kv.put(s, kv_for(32, i))
         for s in seqs:
@@ -487,10 +487,10 @@ async def test_tier_and_cost_gauges(tmp_path: Path, otel: Otel) -> None:
         st = kv.stats()
         m = otel.metrics()
     assert otel.value(m, "tierkv.tier.capacity", tier="dram", kind="dram") == st["dram"].capacity_bytes
-    assert otel.value(m, "tierkv.tier.used", tier="dram") == st["dram"].used_bytes == 4 * BLK
+    assert otel.value(m, "tierkv.tier.used", tier="dram") == st["dram"].used_bytes == 4 * BLOCK
     assert otel.value(m, "tierkv.tier.blocks", tier="dram") == 4
     assert otel.value(m, "tierkv.tier.blocks", tier="pfs", kind="pfs") == 0
-    assert otel.value(m, "tierkv.cost.storage", tier="dram") == pytest.approx(4 * BLK / 1e9 * 1.0)
+    assert otel.value(m, "tierkv.cost.storage", tier="dram") == pytest.approx(4 * BLOCK / 1e9 * 1.0)
     assert otel.value(m, "tierkv.cost.storage", tier="pfs") == 0.0
     net = otel.value(m, "tierkv.cost.net_per_million_tokens_saved")
     assert 0.0 < net <= 2.0  # prefill dollars saved per million tokens, minus a little storage
@@ -536,7 +536,7 @@ def test_bad_telemetry_config() -> None:
 async def test_disabled_produces_no_spans_or_metrics(tmp_path: Path, otel: Otel) -> None:
     cfg = config(
         tmp_path,
-        dram=str(BLK * 4),
+        dram=str(BLOCK * 4),
         telemetry={"enabled": False},
         scheduler={"prefill_tokens_per_s": 10.0},
     )

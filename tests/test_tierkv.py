@@ -7,7 +7,7 @@ from pathlib import Path
 import anyio
 import numpy as np
 import pytest
-from kvtest import BT, config, kv_for
+from kvtest import BLOCK, config, kv_for
 
 from tierkv import (
     CapacityError,
@@ -122,8 +122,7 @@ async def test_invalidate_by_tenant_and_scope(tmp_path: Path) -> None:
 
 
 async def test_demotion_to_pfs_and_hit_served_from_pfs(tmp_path: Path) -> None:
-    blk = 30 * 2 * BT * 3 * 64 * 2  # bytes per block
-    async with await TierKV.open(config(tmp_path, dram=str(blk * 4))) as kv:
+    async with await TierKV.open(config(tmp_path, dram=str(BLOCK * 4))) as kv:
         seqs = [list(range(i * 1000, i * 1000 + 32)) for i in range(6)]
         datas = [kv_for(32, i) for i in range(6)]
         for s, d in zip(seqs, datas, strict=True):
@@ -143,13 +142,10 @@ async def test_demotion_to_pfs_and_hit_served_from_pfs(tmp_path: Path) -> None:
 async def test_warm_start_from_pfs(tmp_path: Path) -> None:
     toks = list(range(48))
     data = kv_for(48)
-    blk = 30 * 2 * BT * 3 * 64 * 2
-    async with await TierKV.open(config(tmp_path, dram=str(blk))) as kv:
+    async with await TierKV.open(config(tmp_path, dram=str(BLOCK))) as kv:
         await kv.put(toks, data)
         assert kv.stats()["pfs"].blocks >= 2
-    cfg = config(tmp_path)
-    cfg["tiers"] = cfg["tiers"][1:]
-    async with await TierKV.open(cfg) as kv2:
+    async with await TierKV.open(config(tmp_path, dram=None)) as kv2:
         lk = await kv2.lookup(toks)
         g = await kv2.get(toks)
         assert lk.tokens == g.tokens
@@ -157,22 +153,25 @@ async def test_warm_start_from_pfs(tmp_path: Path) -> None:
         assert g.kv.tobytes() == data[:, :, : g.tokens].tobytes()
 
 
+def content_files(tmp_path: Path) -> list[Path]:
+    """The PFS tier's block content files (records are hard links to them: flipping both would cancel out)."""
+    return sorted(p for p in (tmp_path / "pfs" / "objects").rglob("*") if p.is_file() and p.stat().st_size > 100_000)
+
+
+def flip_a_byte(path: Path) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[1000] ^= 0xFF
+    path.write_bytes(bytes(raw))
+
+
 async def test_corrupted_pfs_block_is_never_served(tmp_path: Path) -> None:
-    cfg = config(tmp_path)
-    cfg["tiers"] = cfg["tiers"][1:]
-    async with await TierKV.open(cfg) as kv:
+    async with await TierKV.open(config(tmp_path, dram=None)) as kv:
         toks = list(range(48))
         data = kv_for(48)
         await kv.put(toks, data)
-        # content files only (records are hard links to them: flipping both would cancel out)
-        files = sorted(
-            p for p in (tmp_path / "pfs" / "objects").rglob("*") if p.is_file() and p.stat().st_size > 100_000
-        )
+        files = content_files(tmp_path)
         assert files
-        victim = files[0]
-        raw = bytearray(victim.read_bytes())
-        raw[1000] ^= 0xFF
-        victim.write_bytes(bytes(raw))
+        flip_a_byte(files[0])
         g = await kv.get(toks)
         assert g.tokens < 48 and g.miss_reason == "integrity"
         if g.tokens:
@@ -185,21 +184,14 @@ async def test_every_corrupt_block_of_a_read_leaves_the_index(tmp_path: Path) ->
     """A batch read that meets several corrupt blocks quarantines them all; every one must leave
     the index (not only the first), so that a later put stores them again instead of skipping
     them as existing (found by the corruption fuzz test)."""
-    cfg = config(tmp_path)
-    cfg["tiers"] = cfg["tiers"][1:]
-    async with await TierKV.open(cfg) as kv:
+    async with await TierKV.open(config(tmp_path, dram=None)) as kv:
         toks = list(range(48))
         data = kv_for(48)
         await kv.put(toks, data)
-        # content files only (records are hard links to them: flipping both would cancel out)
-        files = sorted(
-            p for p in (tmp_path / "pfs" / "objects").rglob("*") if p.is_file() and p.stat().st_size > 100_000
-        )
+        files = content_files(tmp_path)
         assert len(files) >= 2
         for victim in files:
-            raw = bytearray(victim.read_bytes())
-            raw[1000] ^= 0xFF
-            victim.write_bytes(bytes(raw))
+            flip_a_byte(victim)
         g = await kv.get(toks)
         assert g.tokens == 0 and g.miss_reason == "integrity"
         r = await kv.put(toks, data)
@@ -216,8 +208,7 @@ async def test_capacity_error_when_nothing_fits(tmp_path: Path) -> None:
 
 
 async def test_lru_eviction_at_bottom(tmp_path: Path) -> None:
-    blk = 30 * 2 * BT * 3 * 64 * 2
-    async with await TierKV.open(config(tmp_path, dram=str(blk * 3), pfs=None)) as kv:
+    async with await TierKV.open(config(tmp_path, dram=str(BLOCK * 3), pfs=None)) as kv:
         for i in range(5):
             await kv.put(list(range(i * 100, i * 100 + 16)), kv_for(16, i))
         st = kv.stats()["dram"]
@@ -239,7 +230,7 @@ async def test_cancelled_put_leaves_consistent_state(tmp_path: Path) -> None:
             if g.tokens:
                 assert g.kv.tobytes() == data[:, :, : g.tokens].tobytes()
         st = kv.stats()
-        assert st["dram"].blocks * 30 * 2 * BT * 3 * 64 * 2 == st["dram"].used_bytes
+        assert st["dram"].blocks * BLOCK == st["dram"].used_bytes
         await kv.put(toks, data)
         assert (await kv.get(toks)).kv.tobytes() == data.tobytes()
 
@@ -281,9 +272,8 @@ async def test_concurrent_durable_puts_of_one_prefix_return_only_once_stored(tmp
     """When another task holds the reservation of a block, put(durable=True) waits for it:
     on return the whole prefix is indexed and durable (the 64-client load test found puts that
     returned while a concurrent put of the same block was still writing it)."""
-    cfg = config(tmp_path)
-    cfg["tiers"] = cfg["tiers"][1:]  # pfs only: every write is a thread hop, so the puts overlap
-    async with await TierKV.open(cfg) as kv:
+    # pfs only: every write is a thread hop, so the puts overlap
+    async with await TierKV.open(config(tmp_path, dram=None)) as kv:
         problems: list[str] = []
 
         async def client(c: int) -> None:
