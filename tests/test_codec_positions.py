@@ -11,6 +11,7 @@ MLA models take lossless codecs only; a lossy one is a ConfigError at open.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,12 @@ def cid(c: dict[str, Any] | None) -> str:
 def config(mla: bool, tiers: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     model = {"name": "mla" if mla else "smol", "revision": "r1", "hf_config": MLA if mla else HF}
     return {"model": model, "kv_dtype": "float16", "block_tokens": BT, "tiers": tiers, **extra}
+
+
+def every_codec_and_model(test: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``test`` for every codec in ``ALL`` on the GQA and the MLA model."""
+    test = pytest.mark.parametrize("codec", ALL, ids=cid)(test)
+    return pytest.mark.parametrize("mla", [False, True], ids=["gqa", "mla"])(test)
 
 
 def shape_of(mla: bool, n: int) -> tuple[int, ...]:
@@ -99,8 +106,7 @@ async def check_restored(
         check(g.kv, data, g.exact, lossless)
 
 
-@pytest.mark.parametrize("mla", [False, True], ids=["gqa", "mla"])
-@pytest.mark.parametrize("codec", ALL, ids=cid)
+@every_codec_and_model
 async def test_first_tier(tmp_path: Path, codec: dict[str, Any] | None, mla: bool) -> None:
     cfg = config(mla, [tier("dram", "dram", tmp_path, "64MiB", codec)])
     if await rejected(cfg, mla, codec):
@@ -116,8 +122,7 @@ async def test_first_tier(tmp_path: Path, codec: dict[str, Any] | None, mla: boo
         assert kv.invariant_violations() == []
 
 
-@pytest.mark.parametrize("mla", [False, True], ids=["gqa", "mla"])
-@pytest.mark.parametrize("codec", ALL, ids=cid)
+@every_codec_and_model
 async def test_lower_tier_by_demotion(tmp_path: Path, codec: dict[str, Any] | None, mla: bool) -> None:
     blk = int(np.prod(shape_of(mla, BT))) * 2
     tiers = [tier("dram", "dram", tmp_path, 3 * blk, None), tier("pfs", "pfs", tmp_path, "64MiB", codec)]
@@ -141,8 +146,7 @@ async def test_lower_tier_by_demotion(tmp_path: Path, codec: dict[str, Any] | No
         assert kv.invariant_violations() == []
 
 
-@pytest.mark.parametrize("mla", [False, True], ids=["gqa", "mla"])
-@pytest.mark.parametrize("codec", ALL, ids=cid)
+@every_codec_and_model
 async def test_durable_only_tier_and_restart(tmp_path: Path, codec: dict[str, Any] | None, mla: bool) -> None:
     """The durable tier is the tier ``put`` writes: its copy is the only one."""
     cfg = config(mla, [tier("pfs", "pfs", tmp_path, "64MiB", codec)])
@@ -157,8 +161,7 @@ async def test_durable_only_tier_and_restart(tmp_path: Path, codec: dict[str, An
         await check_restored(kv, seqs, lossless, ("pfs",))
 
 
-@pytest.mark.parametrize("mla", [False, True], ids=["gqa", "mla"])
-@pytest.mark.parametrize("codec", ALL, ids=cid)
+@every_codec_and_model
 async def test_durable_tier_and_restart(tmp_path: Path, codec: dict[str, Any] | None, mla: bool) -> None:
     cfg = config(mla, [tier("dram", "dram", tmp_path, "64MiB", None), tier("pfs", "pfs", tmp_path, "64MiB", codec)])
     if await rejected(cfg, mla, codec):

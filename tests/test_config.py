@@ -164,7 +164,7 @@ async def test_tier_option_errors_name_the_tier_path(tmp_path: Path, backend: st
     tier: dict[str, Any] = {"name": "t", "backend": backend, "capcity": "64MiB"}
     if backend == "pfs":
         tier["path"] = str(tmp_path / "pfs")
-    c["tiers"] = [{"name": "dram", "backend": "dram", "capacity": "64MiB"}, tier]
+    c["tiers"].append(tier)
     with pytest.raises(ConfigError) as ei:
         await TierKV.open(c)
     assert ei.value.field == "tiers[1].capcity"
