@@ -167,29 +167,28 @@ async def test_miss_never_stored(tmp_path: Path, otel: Otel) -> None:
     assert otel.value(m, "tierkv.hits") == 0
 
 
-async def test_miss_evicted_local(tmp_path: Path, otel: Otel) -> None:
+@pytest.mark.parametrize(
+    ("reason", "tiers", "tier", "index", "hit_tokens"),
+    [
+        ("evicted_local", {"pfs": None}, "dram", 1, BT),
+        # the PFS tier is shared: a block another process removed is an evicted_remote miss
+        ("evicted_remote", {"dram": None}, "pfs", 0, 0),
+    ],
+    ids=["local", "remote"],
+)
+async def test_miss_evicted(
+    tmp_path: Path, otel: Otel, reason: str, tiers: dict[str, None], tier: str, index: int, hit_tokens: int
+) -> None:
+    """Block ``index`` evicted under the core (the index still lists it): the get stops there."""
     toks = list(range(48))
-    async with await open_kv(config(tmp_path, pfs=None), otel) as kv:
+    async with await open_kv(config(tmp_path, **tiers), otel) as kv:
         await kv.put(toks, kv_for(48))
-        # evict the second block under the core: the index still lists it
-        assert await tier_backend(kv, "dram").evict(first_key(kv, toks, index=1))
+        assert await tier_backend(kv, tier).evict(first_key(kv, toks, index=index))
         g = await kv.get(toks)
-        assert g.tokens == BT and g.miss_reason == "evicted_local"
+        assert g.tokens == hit_tokens and g.miss_reason == reason
     get = otel.attrs("tierkv.get")[-1]
-    assert get["tierkv.miss_reason"] == "evicted_local" and get["tierkv.hit_tokens"] == BT
-    assert otel.value(otel.metrics(), "tierkv.misses", reason="evicted_local") == 1
-
-
-async def test_miss_evicted_remote(tmp_path: Path, otel: Otel) -> None:
-    # the PFS tier is shared: a block another process removed is an evicted_remote miss
-    toks = list(range(48))
-    async with await open_kv(config(tmp_path, dram=None), otel) as kv:
-        await kv.put(toks, kv_for(48))
-        assert await tier_backend(kv, "pfs").evict(first_key(kv, toks, index=0))
-        g = await kv.get(toks)
-        assert g.tokens == 0 and g.miss_reason == "evicted_remote"
-    assert otel.attrs("tierkv.get")[-1]["tierkv.miss_reason"] == "evicted_remote"
-    assert otel.value(otel.metrics(), "tierkv.misses", reason="evicted_remote") == 1
+    assert get["tierkv.miss_reason"] == reason and get["tierkv.hit_tokens"] == hit_tokens
+    assert otel.value(otel.metrics(), "tierkv.misses", reason=reason) == 1
 
 
 async def test_miss_integrity_corrupt_pfs_file(tmp_path: Path, otel: Otel) -> None:
