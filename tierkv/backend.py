@@ -118,6 +118,7 @@ __all__ = [
     "Reservation",
     "ReservationLedger",
     "SupportsContentHash",
+    "SupportsArrayIO",
     "SupportsDeviceIO",
     "SupportsRawReference",
     "SupportsScan",
@@ -509,6 +510,25 @@ class SupportsDeviceIO(Protocol):
 
     async def read_device(self, key: str, *, into: Any) -> Any:
         """Like :meth:`Backend.read` into a device tensor; returns a view of ``into``."""
+        ...
+
+
+@runtime_checkable
+class SupportsArrayIO(Protocol):
+    """A memory backend that copies blocks straight between its own memory and numpy
+    arrays of any strides (a block's bytes are an array's elements in C order): one copy
+    each way, no contiguous intermediate. The core uses it to gather a block from a view
+    of the caller's KV and to scatter it into the caller's ``out``. Same contracts as
+    :meth:`Backend.write_many` / :meth:`Backend.read_many` (all-or-nothing commit,
+    errors, cancellation); an array whose ``nbytes`` differs from the block's, or a
+    read-only destination, raises InputError."""
+
+    async def write_arrays(self, allocations: Sequence[Allocation], arrays: Sequence[Any]) -> None:
+        """Commit each allocation with the elements of the matching array (numpy, any strides)."""
+        ...
+
+    async def read_arrays(self, keys: Sequence[str], arrays: Sequence[Any]) -> None:
+        """Copy each committed block into the matching writable array (numpy, any strides)."""
         ...
 
 

@@ -636,6 +636,90 @@ class DramBackend(Backend):
         self._bytes_read += total
         return outs
 
+    # ------------------------------------------------------- strided arrays
+    def _array_views(
+        self, arena: Arena, slots: list[_Slot], arrays: Sequence[Any], *, writable: bool
+    ) -> list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+        """(caller array, the arena's bytes of its block viewed with the array's dtype and
+        shape) per block; InputError for a size mismatch, a non-array or a read-only array."""
+        out = []
+        view = arena.view
+        for s, a in zip(slots, arrays, strict=True):
+            if not isinstance(a, np.ndarray):
+                raise InputError(f"[{self.name}] expected a numpy array, got {type(a).__name__}")
+            if a.nbytes != s.nbytes:
+                raise InputError(f"[{self.name}] array has {a.nbytes} bytes, block has {s.nbytes}")
+            if writable and not a.flags.writeable:
+                raise InputError(f"[{self.name}] destination array is read-only")
+            out.append((a, view[s.offset : s.offset + s.nbytes].view(a.dtype).reshape(a.shape)))
+        return out
+
+    async def _copy_arrays(self, pairs: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]], *, out: bool) -> None:
+        """Copy between caller arrays and arena views by the copy policy of the module
+        docstring; ``slices`` splits a block along its first axis."""
+        total = sum(a.nbytes for a, _ in pairs)
+
+        def run() -> None:
+            for a, v in pairs:
+                np.copyto(a, v) if out else np.copyto(v, a)
+
+        if total <= self._inline:
+            run()
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        elif self._large == "thread":
+            await anyio.to_thread.run_sync(run, limiter=self._limiter)
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        else:
+            budget = max(1, self._inline)
+            left = budget
+            for a, v in pairs:
+                rows = a.shape[0] if a.ndim else 1
+                row = a.nbytes // max(1, rows)
+                step = max(1, min(rows, budget // max(1, row)))
+                for r in range(0, rows, step):
+                    src, dst = (v[r : r + step], a[r : r + step]) if out else (a[r : r + step], v[r : r + step])
+                    np.copyto(dst, src)
+                    left -= (min(rows, r + step) - r) * row
+                    if left <= 0:
+                        await anyio.lowlevel.checkpoint()
+                        left = budget
+            await anyio.lowlevel.checkpoint_if_cancelled()
+
+    async def write_arrays(self, allocations: Sequence[Allocation], arrays: Sequence[Any]) -> None:
+        """:class:`~tierkv.backend.SupportsArrayIO`: :meth:`write_many` with each block
+        gathered straight from an array of any strides into the arena (one copy)."""
+        if len(allocations) != len(arrays):
+            raise InputError(f"write_arrays: {len(allocations)} allocations but {len(arrays)} arrays")
+        arena = self._live_arena()
+        slots: list[_Slot] = []
+        try:
+            for a in allocations:
+                slots.append(self._ledger.claim(a))
+            pairs = self._array_views(arena, slots, arrays, writable=False)
+            await self._copy_arrays(pairs, out=False)
+        except BaseException:
+            self._abort(slots)
+            self._free_slots(self._ledger.drop_unclaimed(allocations[len(slots) :]))
+            raise
+        self._commit(slots)
+
+    async def read_arrays(self, keys: Sequence[str], arrays: Sequence[Any]) -> None:
+        """:class:`~tierkv.backend.SupportsArrayIO`: :meth:`read_many` with each block
+        scattered straight from the arena into an array of any strides (one copy)."""
+        if len(keys) != len(arrays):
+            raise InputError(f"read_arrays: {len(keys)} keys but {len(arrays)} arrays")
+        arena = self._live_arena()
+        slots = self._lookup(keys)
+        pairs = self._array_views(arena, slots, arrays, writable=True)
+        for s in slots:
+            s.readers += 1
+        try:
+            await self._copy_arrays(pairs, out=True)
+        finally:
+            self._unpin(slots)
+        self._reads += len(slots)
+        self._bytes_read += sum(map(_NBYTES, slots))
+
     async def evict_many(self, keys: Sequence[str]) -> list[bool]:
         """Immediate; the memory of the whole batch goes back in one allocator call."""
         self._live_arena()

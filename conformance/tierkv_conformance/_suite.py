@@ -46,6 +46,7 @@ from tierkv.backend import (
     Capabilities,
     CertificationProfile,
     OpenContext,
+    SupportsArrayIO,
     SupportsDeviceIO,
     SupportsScan,
 )
@@ -804,6 +805,38 @@ class BackendConformance:
             await backend.write(await backend.allocate(hkey, n), host)
             got = await backend.read_device(hkey, into=out)
             assert got.reshape(-1)[:n].cpu().numpy().tobytes() == host
+
+    # ========================================================= strided arrays
+    async def test_array_io_round_trip(self, backend: Backend) -> None:
+        self.require(isinstance(backend, SupportsArrayIO), "capability: backend has no strided array I/O")
+        assert isinstance(backend, SupportsArrayIO)
+        base = np.arange(6 * 8 * 40, dtype=np.uint16).reshape(6, 8, 40)
+        sources = {
+            "slice": base[:, :, 5:21],  # a view of a larger cache
+            "fortran": np.asfortranarray(base[:, :4]),
+            "reversed": base[::-1, ::2],
+        }
+        for name, src in sources.items():
+            key = block_key("arr", name)
+            a = await backend.allocate(key, src.nbytes)
+            await backend.write_arrays([a], [src])
+            assert bytes(await backend.read(key)) == np.ascontiguousarray(src).tobytes(), name
+            big = np.zeros((src.shape[0], 2 * src.shape[1]) + src.shape[2:], dtype=np.uint16)
+            dst = big[:, ::2]  # a strided destination
+            await backend.read_arrays([key], [dst])
+            assert np.array_equal(dst, src) and not big[:, 1::2].any(), name
+        # a size mismatch commits nothing and frees the reservation; a read-only destination is refused
+        key = block_key("arr", "bad")
+        a = await backend.allocate(key, 100)
+        with pytest.raises(InputError):
+            await backend.write_arrays([a], [np.zeros(49, np.uint16)])
+        assert not await backend.contains(key)
+        ro = np.zeros_like(sources["slice"])
+        ro.flags.writeable = False
+        with pytest.raises(InputError):
+            await backend.read_arrays([block_key("arr", "slice")], [ro])
+        with pytest.raises(BlockNotFoundError):
+            await backend.read_arrays([block_key("arr", "absent")], [np.zeros(4, np.uint8)])
 
     # ====================================================== stateful (hypothesis)
     def test_stateful_against_dict_model(
