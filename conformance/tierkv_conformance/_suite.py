@@ -821,7 +821,7 @@ class BackendConformance:
             a = await backend.allocate(key, src.nbytes)
             await backend.write_arrays([a], [src])
             assert bytes(await backend.read(key)) == np.ascontiguousarray(src).tobytes(), name
-            big = np.zeros((src.shape[0], 2 * src.shape[1]) + src.shape[2:], dtype=np.uint16)
+            big = np.zeros((src.shape[0], 2 * src.shape[1], *src.shape[2:]), dtype=np.uint16)
             dst = big[:, ::2]  # a strided destination
             await backend.read_arrays([key], [dst])
             assert np.array_equal(dst, src) and not big[:, 1::2].any(), name
