@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import pytest
 from kvtest import dram_tier, kv_for, smol_config
@@ -13,13 +12,9 @@ from tierkv import InputError, TierKV
 pytestmark = pytest.mark.anyio
 
 
-def config(tmp_path: Path) -> dict[str, Any]:
-    # the answer-length re-ranking belongs to the predictive policy
-    return smol_config([dram_tier()], scheduler={"policy": "predictive"})
-
-
 async def test_response_tokens_rerank_the_last_request(tmp_path: Path) -> None:
-    async with await TierKV.open(config(tmp_path)) as kv:
+    # the answer-length re-ranking belongs to the predictive policy
+    async with await TierKV.open(smol_config([dram_tier()], scheduler={"policy": "predictive"})) as kv:
         sched = kv._sched
         kv.hint(response_tokens=5)  # no request yet: nothing to attribute it to
         assert sched._resp_start == []
