@@ -107,13 +107,13 @@ async def test_gate_boundaries(tmp_path: Path) -> None:
         assert g0.tokens == 0 and g0.kv is None
 
 
-async def _faulty_kv(tmp_path: Path, policy: str = "recompute") -> tuple[TierKV, FaultInjectingBackend]:
-    cfg = Config.load(
-        {
-            **config(tmp_path, scheduler={"breaker": {"failure_threshold": 2, "cooldown_s": 0.2}}),
-            "load_failure": policy,
-        }
-    )
+async def _faulty_kv(
+    tmp_path: Path, policy: str = "recompute", *, verify_dram: bool | None = None
+) -> tuple[TierKV, FaultInjectingBackend]:
+    raw = config(tmp_path, scheduler={"breaker": {"failure_threshold": 2, "cooldown_s": 0.2}})
+    if verify_dram is not None:
+        raw["tiers"][0]["verify"] = verify_dram
+    cfg = Config.load({**raw, "load_failure": policy})
     dram = FaultInjectingBackend(await DramBackend.open({"capacity": 64 << 20}, name="dram"), name="dram")
     pfs = await PfsBackend.open({"path": str(tmp_path / "pfs"), "capacity": "512MiB"}, name="pfs")
     kv = TierKV(cfg, [("dram", dram), ("pfs", pfs)])
@@ -164,7 +164,9 @@ async def test_load_failure_policy_fail_raises_typed_error(tmp_path: Path) -> No
 
 
 async def test_torn_writes_are_never_served(tmp_path: Path) -> None:
-    kv, dram = await _faulty_kv(tmp_path)
+    # a memory tier is verified only when configured to be (tiers[i].verify; see
+    # test_checksum_policy): this one is, and every torn block is a miss
+    kv, dram = await _faulty_kv(tmp_path, verify_dram=True)
     try:
         dram.set_faults(FaultConfig(torn_write_rate=1.0, seed=3))
         toks = list(range(48))

@@ -126,7 +126,7 @@ _SCHEDULER_TABLES: Mapping[str, frozenset[str]] = types.MappingProxyType(
 _MODEL = frozenset(
     {"name", "revision", "weights_fingerprint", "tokenizer_revision", "lora_adapter", "hf_config", "spec"}
 )
-_TIER_CORE = frozenset({"name", "backend", "high_watermark", "low_watermark", "codec"})
+_TIER_CORE = frozenset({"name", "backend", "high_watermark", "low_watermark", "codec", "verify"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +143,10 @@ class TierConfig:
     high_watermark: float = 0.9
     low_watermark: float = 0.8
     codec: Mapping[str, Any] | None = None
+    #: verify every block read from this tier against its checksum; None (the default):
+    #: yes for persistent and network tiers, no for memory tiers (dram, cxl, hbm), whose
+    #: blocks then carry no checksum until they are first copied to a verifying tier
+    verify: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,6 +346,7 @@ class Config:
                 raise ConfigError(
                     f"{where}.codec", codec, "a table like {codec = 'lz4'} or {codec = 'cachegen', level = 2}"
                 )
+            verify = None if t.get("verify", "auto") == "auto" else opt_bool(t, "verify", prefix=where)
             options = {k: v for k, v in t.items() if k not in _TIER_CORE}
             if "capacity" in options:  # every backend reads it; a tier that holds nothing is a mistake
                 opt_size(options, "capacity", prefix=where, minimum=1)
@@ -353,6 +358,7 @@ class Config:
                     high_watermark=hi,
                     low_watermark=lo,
                     codec=None if codec is None else types.MappingProxyType(dict(codec)),
+                    verify=verify,
                 )
             )
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from ._layout import STORAGE_DTYPES, from_torch
 from ._model import ModelSpec
+from .backend import Taken
 from .errors import InputError, KVLayoutError
 
 __all__ = ["LAYOUTS", "PagedCaches", "PagedLayout", "PagedSink"]
@@ -199,33 +200,19 @@ class PagedCaches:
             raise InputError(f"block_table[{bad}] = {int(ids[bad])} is outside the caches' {self.num_blocks} blocks")
         return ids
 
-    def _parts(self, buf: np.ndarray[Any, Any], ids: np.ndarray[Any, Any]) -> list[tuple[np.ndarray[Any, Any], Any]]:
-        """(cache part, the view of ``buf`` its chunk occupies) in the block's byte order."""
-        out = []
-        off = 0
-        for parts in self.layers:
-            for p in parts:
-                shape = list(p.shape)
-                shape[self.axis] = len(ids)
-                n = int(np.prod(shape)) * p.itemsize
-                out.append((p, buf[off : off + n].view(p.dtype).reshape(shape)))
-                off += n
-        return out
-
-    def gather(self, ids: np.ndarray[Any, Any], nbytes: int) -> np.ndarray[Any, Any]:
-        """The bytes of the tierkv block made of engine blocks ``ids`` (one copy)."""
-        buf = np.empty(nbytes, dtype=np.uint8)
-        for p, dst in self._parts(buf, ids):
-            np.take(p, ids, axis=self.axis, out=dst)
-        return buf
+    def taken(self, ids: np.ndarray[Any, Any]) -> list[Taken]:
+        """The parts of the tierkv block made of engine blocks ``ids``, in its byte order
+        (a backend with :class:`~tierkv.backend.SupportsArrayIO` copies them in one go)."""
+        return [Taken(p, ids, self.axis) for parts in self.layers for p in parts]
 
     def scatter(self, ids: np.ndarray[Any, Any], data: memoryview) -> None:
         """Write a tierkv block's bytes into engine blocks ``ids`` (one copy)."""
         buf = np.frombuffer(data, dtype=np.uint8)
-        for p, src in self._parts(buf, ids):
-            idx: list[Any] = [slice(None)] * p.ndim
-            idx[self.axis] = ids
-            p[tuple(idx)] = src
+        off = 0
+        for t in self.taken(ids):
+            n = t.nbytes
+            t.scatter_from(buf[off : off + n].view(t.array.dtype).reshape(t.shape))
+            off += n
 
 
 class PagedSink:
@@ -237,6 +224,14 @@ class PagedSink:
         self.caches = caches
         self.ids = ids
 
-    def place(self, i: int, data: memoryview) -> None:
+    def ids_of(self, i: int) -> np.ndarray[Any, Any]:
         per = self.caches.per
-        self.caches.scatter(self.ids[i * per : (i + 1) * per], data)
+        return self.ids[i * per : (i + 1) * per]
+
+    def place(self, i: int, data: memoryview) -> None:
+        """Scatter block ``i``'s bytes into its engine blocks."""
+        self.caches.scatter(self.ids_of(i), data)
+
+    def parts(self, i: int) -> list[Taken]:
+        """Where block ``i``'s bytes go, for a backend that scatters them itself."""
+        return self.caches.taken(self.ids_of(i))

@@ -67,6 +67,7 @@ Contract shared by every method
 
 from __future__ import annotations
 
+import math
 import types
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -123,6 +124,7 @@ __all__ = [
     "SupportsRawReference",
     "SupportsScan",
     "SupportsTagLookup",
+    "Taken",
     "TierKind",
     "as_byte_view",
     "certify_batch",
@@ -513,22 +515,65 @@ class SupportsDeviceIO(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """The elements ``np.take(array, index, axis=axis)`` gives, in C order, not taken yet:
+    a part of a block gathered from ``array`` at ``index`` along ``axis`` (or, read back,
+    scattered there), such as a chunk of engine blocks of a paged cache. A backend copies
+    it with ``np.take(..., out=)`` and an indexed assignment: one copy, in C."""
+
+    array: np.ndarray[Any, Any]
+    index: np.ndarray[Any, Any]
+    axis: int
+
+    def __post_init__(self) -> None:
+        n = self.array.shape[self.axis] if 0 <= self.axis < self.array.ndim else 0
+        if not 0 <= self.axis < self.array.ndim:
+            raise InputError(f"Taken: axis {self.axis} is outside an array of {self.array.ndim} axes")
+        if self.index.ndim != 1 or (self.index.size and (self.index.min() < 0 or self.index.max() >= n)):
+            raise InputError(f"Taken: the index must be 1-D ids in [0, {n}) along axis {self.axis}")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        s = list(self.array.shape)
+        s[self.axis] = len(self.index)
+        return tuple(s)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.array.itemsize
+
+    def gather_into(self, out: np.ndarray[Any, Any]) -> None:
+        """Copy the taken elements into ``out`` (an array of :attr:`shape`)."""
+        # ids checked at construction: "clip" never clips, and unlike "raise" does not
+        # buffer ``out`` (numpy copies through a temporary then)
+        np.take(self.array, self.index, axis=self.axis, out=out, mode="clip")
+
+    def scatter_from(self, src: np.ndarray[Any, Any]) -> None:
+        """Write ``src`` (an array of :attr:`shape`) back where the elements were taken from."""
+        idx: list[Any] = [slice(None)] * self.array.ndim
+        idx[self.axis] = self.index
+        self.array[tuple(idx)] = src
+
+
 @runtime_checkable
 class SupportsArrayIO(Protocol):
     """A memory backend that copies blocks straight between its own memory and numpy
-    arrays of any strides (a block's bytes are an array's elements in C order): one copy
-    each way, no contiguous intermediate. The core uses it to gather a block from a view
-    of the caller's KV and to scatter it into the caller's ``out``. Same contracts as
-    :meth:`Backend.write_many` / :meth:`Backend.read_many` (all-or-nothing commit,
-    errors, cancellation); an array whose ``nbytes`` differs from the block's, or a
-    read-only destination, raises InputError."""
+    arrays of any strides: one copy each way, no contiguous intermediate. A block is given
+    as one array (its bytes are the array's elements in C order) or as a sequence of
+    arrays and :class:`Taken` parts (their bytes one after the other), e.g. the engine
+    blocks of a paged cache. The
+    core uses it to gather a block from a view of the caller's KV or cache and to scatter
+    it into the caller's ``out`` or cache. Same contracts as :meth:`Backend.write_many` /
+    :meth:`Backend.read_many` (all-or-nothing commit, errors, cancellation); arrays whose
+    bytes do not add up to the block's, or a read-only destination, raise InputError."""
 
     async def write_arrays(self, allocations: Sequence[Allocation], arrays: Sequence[Any]) -> None:
-        """Commit each allocation with the elements of the matching array (numpy, any strides)."""
+        """Commit each allocation with the elements of the matching array(s)."""
         ...
 
     async def read_arrays(self, keys: Sequence[str], arrays: Sequence[Any]) -> None:
-        """Copy each committed block into the matching writable array (numpy, any strides)."""
+        """Copy each committed block into the matching writable array(s)."""
         ...
 
 

@@ -102,6 +102,7 @@ from tierkv.backend import (
     Capabilities,
     Reservation,
     ReservationLedger,
+    Taken,
     TierKind,
     as_byte_view,
     opt_bool,
@@ -639,29 +640,45 @@ class DramBackend(Backend):
     # ------------------------------------------------------- strided arrays
     def _array_views(
         self, arena: Arena, slots: list[_Slot], arrays: Sequence[Any], *, writable: bool
-    ) -> list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
-        """(caller array, the arena's bytes of its block viewed with the array's dtype and
-        shape) per block; InputError for a size mismatch, a non-array or a read-only array."""
+    ) -> list[tuple[Any, np.ndarray[Any, Any]]]:
+        """(caller array, the arena bytes it maps to, viewed with its dtype and shape) for
+        every array of every block (a block given as a sequence of arrays occupies their
+        bytes one after the other); InputError for a size mismatch, something that is not
+        an array, or a read-only destination."""
         out = []
         view = arena.view
         for s, a in zip(slots, arrays, strict=True):
-            if not isinstance(a, np.ndarray):
-                raise InputError(f"[{self.name}] expected a numpy array, got {type(a).__name__}")
-            if a.nbytes != s.nbytes:
-                raise InputError(f"[{self.name}] array has {a.nbytes} bytes, block has {s.nbytes}")
-            if writable and not a.flags.writeable:
-                raise InputError(f"[{self.name}] destination array is read-only")
-            out.append((a, view[s.offset : s.offset + s.nbytes].view(a.dtype).reshape(a.shape)))
+            parts = a if isinstance(a, (list, tuple)) else (a,)
+            off = s.offset
+            for p in parts:
+                arr = p.array if isinstance(p, Taken) else p
+                if not isinstance(arr, np.ndarray):
+                    raise InputError(f"[{self.name}] expected a numpy array, got {type(p).__name__}")
+                if writable and not arr.flags.writeable:
+                    raise InputError(f"[{self.name}] destination array is read-only")
+                if off + p.nbytes > s.offset + s.nbytes:
+                    break
+                out.append((p, view[off : off + p.nbytes].view(arr.dtype).reshape(p.shape)))
+                off += p.nbytes
+            got = sum(p.nbytes for p in parts)
+            if got != s.nbytes:
+                raise InputError(f"[{self.name}] arrays have {got} bytes, block has {s.nbytes}")
         return out
 
-    async def _copy_arrays(self, pairs: list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]], *, out: bool) -> None:
+    async def _copy_arrays(self, pairs: list[tuple[Any, np.ndarray[Any, Any]]], *, out: bool) -> None:
         """Copy between caller arrays and arena views by the copy policy of the module
         docstring; ``slices`` splits a block along its first axis."""
         total = sum(a.nbytes for a, _ in pairs)
 
+        def one(a: Any, v: np.ndarray[Any, Any]) -> None:
+            if isinstance(a, Taken):
+                a.scatter_from(v) if out else a.gather_into(v)
+            else:
+                np.copyto(a, v) if out else np.copyto(v, a)
+
         def run() -> None:
             for a, v in pairs:
-                np.copyto(a, v) if out else np.copyto(v, a)
+                one(a, v)
 
         if total <= self._inline:
             run()
@@ -673,7 +690,14 @@ class DramBackend(Backend):
             budget = max(1, self._inline)
             left = budget
             for a, v in pairs:
-                rows = a.shape[0] if a.ndim else 1
+                if isinstance(a, Taken) or not a.ndim:
+                    one(a, v)
+                    left -= a.nbytes
+                    if left <= 0:
+                        await anyio.lowlevel.checkpoint()
+                        left = budget
+                    continue
+                rows = a.shape[0]
                 row = a.nbytes // max(1, rows)
                 step = max(1, min(rows, budget // max(1, row)))
                 for r in range(0, rows, step):
@@ -687,7 +711,7 @@ class DramBackend(Backend):
 
     async def write_arrays(self, allocations: Sequence[Allocation], arrays: Sequence[Any]) -> None:
         """:class:`~tierkv.backend.SupportsArrayIO`: :meth:`write_many` with each block
-        gathered straight from an array of any strides into the arena (one copy)."""
+        gathered straight from arrays of any strides into the arena (one copy)."""
         if len(allocations) != len(arrays):
             raise InputError(f"write_arrays: {len(allocations)} allocations but {len(arrays)} arrays")
         arena = self._live_arena()
@@ -705,7 +729,7 @@ class DramBackend(Backend):
 
     async def read_arrays(self, keys: Sequence[str], arrays: Sequence[Any]) -> None:
         """:class:`~tierkv.backend.SupportsArrayIO`: :meth:`read_many` with each block
-        scattered straight from the arena into an array of any strides (one copy)."""
+        scattered straight from the arena into arrays of any strides (one copy)."""
         if len(keys) != len(arrays):
             raise InputError(f"read_arrays: {len(keys)} keys but {len(arrays)} arrays")
         arena = self._live_arena()

@@ -49,6 +49,7 @@ from tierkv.backend import (
     SupportsArrayIO,
     SupportsDeviceIO,
     SupportsScan,
+    Taken,
 )
 from tierkv.errors import (
     BackendClosedError,
@@ -825,6 +826,20 @@ class BackendConformance:
             dst = big[:, ::2]  # a strided destination
             await backend.read_arrays([key], [dst])
             assert np.array_equal(dst, src) and not big[:, 1::2].any(), name
+        # a block made of parts: engine blocks taken from a paged cache, then a plain array
+        cache = np.arange(10 * 2 * 4 * 3, dtype=np.uint16).reshape(2, 10, 4, 3)  # [kv, blocks, tok, dim]
+        ids = np.array([7, 2, 5])
+        parts = [Taken(cache, ids, 1), base[0, :2]]
+        want = np.take(cache, ids, axis=1).tobytes() + base[0, :2].tobytes()
+        key = block_key("arr", "parts")
+        a = await backend.allocate(key, len(want))
+        await backend.write_arrays([a], [parts])
+        assert bytes(await backend.read(key)) == want
+        back = np.zeros_like(cache)
+        tail = np.zeros_like(base[0, :2])
+        await backend.read_arrays([key], [[Taken(back, ids, 1), tail]])
+        assert np.array_equal(back[:, ids], cache[:, ids]) and not back[:, [0, 1, 3, 4, 6, 8, 9]].any()
+        assert np.array_equal(tail, base[0, :2])
         # a size mismatch commits nothing and frees the reservation; a read-only destination is refused
         key = block_key("arr", "bad")
         a = await backend.allocate(key, 100)

@@ -119,7 +119,7 @@ class Checkpoints:
                         data = await self.s.read_raw(e.tier, e.key)
                     except (BlockNotFoundError, IntegrityError):
                         continue
-                    if await self.s.durable.write_to_fastest(e.key, data, e.tag, ci, only=True, crc=e.crc) is None:
+                    if await self.s.durable.write_to_fastest(e.key, data, e.tag, ci, only=True) is None:
                         continue
                     copied += e.nbytes
                     if self.s.index.entries.get(e.key) is e and e.backing < 0:

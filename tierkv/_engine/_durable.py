@@ -12,14 +12,14 @@ May not touch: relocation decisions (the mover's), the read path.
 from __future__ import annotations
 
 import logging
-import zlib
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import anyio.lowlevel
+import numpy as np
 
-from ..backend import SupportsScan
+from ..backend import SupportsArrayIO, SupportsScan, Taken
 from ..errors import (
     BackendError,
     BlockExistsError,
@@ -28,12 +28,35 @@ from ..errors import (
     IntegrityError,
 )
 from ._index import Entry
-from ._tags import ZERO16, tag_exact, tag_tenant, unpack_tag
+from ._tags import ZERO16, checked_tag, tag_checksum, tag_crc, tag_exact, tag_tenant, unpack_tag
 
 if TYPE_CHECKING:
     from ._store import Store
 
 log = logging.getLogger("tierkv")
+
+#: a block's raw bytes: flat; an array of any strides whose elements in C order they are; or
+#: parts (arrays, :class:`~tierkv.backend.Taken` engine blocks) whose bytes follow each other
+BlockData = memoryview | np.ndarray[Any, Any] | list[Taken]
+
+
+def nbytes_of(data: BlockData) -> int:
+    return sum(p.nbytes for p in data) if isinstance(data, list) else data.nbytes
+
+
+def flat(data: BlockData) -> memoryview:
+    """The raw bytes of ``data`` as one flat buffer (a copy unless it is one already)."""
+    if isinstance(data, memoryview):
+        return data
+    if isinstance(data, np.ndarray):
+        return np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
+    buf = np.empty(nbytes_of(data), dtype=np.uint8)
+    off = 0
+    for t in data:
+        t.gather_into(buf[off : off + t.nbytes].view(t.array.dtype).reshape(t.shape))
+        off += t.nbytes
+    return buf.data
+
 
 __all__ = ["Durable"]
 
@@ -47,12 +70,11 @@ class Durable:
     async def store_block(
         self,
         key: str,
-        data: memoryview,
+        data: BlockData,
         tag: bytes,
         pos: int,
         tid: bytes,
         parent: bytes,
-        crc: int,
         durable: bool,
         root: bytes,
         label: int | None,
@@ -62,12 +84,13 @@ class Durable:
         holds a reservation for it."""
         e = self.s.index.entries.get(key)
         if e is None:
-            ti = await self.write_to_fastest(key, data, tag, 0, crc=crc)
-            if ti is None:
+            placed = await self.write_to_fastest(key, data, tag, 0)
+            if placed is None:
                 return None
+            ti, tag = placed
             e = self.s.index.entries.get(key)
             if e is None:
-                e = Entry(key, ti, data.nbytes, tag, self.s.model_scope, tid, parent, pos, crc)
+                e = Entry(key, ti, nbytes_of(data), tag, self.s.model_scope, tid, parent, pos, tag_crc(tag))
                 e.label = label
                 e.t_last = self.s.sched.now()  # the most recent block, until the put records its access
                 if self.s.tiers[ti].backend.capabilities.persistent:
@@ -88,7 +111,7 @@ class Durable:
         return written
 
     async def await_concurrent_store(
-        self, key: str, store: Callable[[], Awaitable[bool | None]], data: memoryview, tag: bytes, durable: bool
+        self, key: str, store: Callable[[], Awaitable[bool | None]], data: BlockData, tag: bytes, durable: bool
     ) -> None:
         """Wait (at most 30 s, then TimeoutError) until the block ``key``, which another task
         holds a reservation for, is indexed; then make it durable if ``durable``. If the other
@@ -108,7 +131,7 @@ class Durable:
                         await self.make_durable(e, data, tag)
                 return
 
-    async def make_durable(self, e: Entry, data: memoryview, tag: bytes) -> None:
+    async def make_durable(self, e: Entry, data: BlockData, tag: bytes) -> None:
         """Write the durable copy of ``e`` to the fastest persistent tier below its
         serving tier that has room. If another task is writing that copy right
         now, wait for it (bounded). Raises CapacityError when no persistent tier
@@ -122,22 +145,26 @@ class Durable:
                     if not (t.healthy and t.backend.capabilities.persistent):
                         continue
                     try:
-                        placed = await self.write_to_fastest(key, data, tag, bi, only=True, crc=e.crc)
+                        placed = await self.write_to_fastest(key, data, e.tag, bi, only=True)
                     except CapacityError:
                         continue
                     if placed is None:
                         busy = True  # another put of the same block is writing it there
                         continue
+                    if self.s.index.entries.get(key) is e:
+                        self.s.mover.commit_copy_bytes(e, placed[1])  # the checksum it now carries
                     await self.attach_copy(e, bi)
                     break
                 if e.backing >= 0 and self.s.index.entries.get(key) is e:
                     return
                 if self.s.index.entries.get(key) is not e:
                     # dropped meanwhile by capacity pressure: index it again, durably this time
-                    ti = await self.write_to_fastest(key, data, tag, 0, crc=e.crc)
-                    if ti is not None:
+                    again = await self.write_to_fastest(key, data, e.tag, 0)
+                    if again is not None:
+                        ti = again[0]
                         cur = self.s.index.entries.get(key)
                         if cur is None:
+                            self.s.mover.commit_copy_bytes(e, again[1])
                             e.tier, e.backing, e.pins, e.moving = ti, -1, 0, False
                             if self.s.tiers[ti].backend.capabilities.persistent:
                                 e.backing = ti
@@ -152,38 +179,49 @@ class Durable:
                 await anyio.sleep(0.005)
 
     async def write_to_fastest(
-        self, key: str, data: memoryview, tag: bytes, start: int, *, only: bool = False, crc: int | None = None
-    ) -> int | None:
+        self, key: str, data: BlockData, tag: bytes, start: int, *, only: bool = False
+    ) -> tuple[int, bytes] | None:
         """Write to the fastest healthy tier at or below ``start`` with room (only
-        ``start`` with ``only``); None if a reservation for ``key`` exists elsewhere.
+        ``start`` with ``only``): (the tier, the tag written there), or None if a
+        reservation for ``key`` exists elsewhere.
 
         New blocks are the most recently used, so when a tier is full (or too
         fragmented) its lowest-ranked blocks move down first; the space made is
-        reserved for this write (:meth:`_allocate_with_room`). A copy the tier
-        already holds under ``key`` is adopted only after it verifies against
-        ``crc`` (the raw bytes' checksum); otherwise it is replaced.
+        reserved for this write (:meth:`_allocate_with_room`). A tier that verifies
+        its reads gets a checksummed tag (computed here once if ``tag`` has none).
+        A copy the tier already holds under ``key`` is adopted only after it
+        verifies against ``data``'s checksum; otherwise it is replaced. ``data`` given
+        as an array of any strides goes to a tier without a codec that supports it
+        (:class:`~tierkv.backend.SupportsArrayIO`) in one copy, gathered by the tier.
         """
         last_exc: BaseException | None = None
         tid = tag_tenant(tag) or ZERO16
+        nbytes = nbytes_of(data)
         for ti in [start] if only else range(start, len(self.s.tiers)):
             t = self.s.tiers[ti]
             if not t.healthy:
                 continue
-            if not await self.s.quotas.quota_room(tid, ti, data.nbytes):
+            if not await self.s.quotas.quota_room(tid, ti, nbytes):
                 last_exc = CapacityError(
                     f"tenant {self.s.tenant_label(tid)!r} is at its quota on tier {t.name!r} "
                     "and has no block of its own left to evict"
                 )
                 continue
-            payload = await self.s.encode_for(ti, data)
+            if self.s.verifies(ti) or t.backend.capabilities.persistent:
+                tag = checked_tag(tag, flat(data))
+            direct = not isinstance(data, memoryview) and t.codec is None and isinstance(t.backend, SupportsArrayIO)
+            payload = None if direct else await self.s.encode_for(ti, flat(data))
             for _attempt in range(2):
                 try:
-                    alloc = await self.s.mover.allocate_with_room(ti, key, payload.nbytes, tag)
+                    alloc = await self.s.mover.allocate_with_room(
+                        ti, key, nbytes if payload is None else payload.nbytes, tag
+                    )
                 except BlockExistsError:
                     if not await t.backend.contains(key):
                         return None  # only reserved: another task is writing it right now
-                    if await self.verify_copy(ti, key, data.nbytes, crc):
-                        return ti  # committed earlier (e.g. a write-through copy): adopt it
+                    tag = checked_tag(tag, flat(data))
+                    if await self.verify_copy(ti, key, nbytes, tag):
+                        return ti, tag  # committed earlier (e.g. a write-through copy): adopt it
                     if self.s.index.entries.get(key) is not None:
                         return None  # indexed meanwhile by another task: theirs now
                     await self.s.drop_copy(ti, key)  # corrupt or truncated: replace it
@@ -196,34 +234,36 @@ class Durable:
                     last_exc = exc
                     break
                 try:
-                    await t.backend.write(alloc, payload)
+                    if payload is None:
+                        await cast("SupportsArrayIO", t.backend).write_arrays([alloc], [data])
+                    else:
+                        await t.backend.write(alloc, payload)
                 except BlockNotFoundError:
                     return None  # the reservation was dropped by a concurrent evict of the key
                 except BackendError as exc:
                     self.s.tier_failed(ti, exc)
                     last_exc = exc
                     break
-                t.bytes_in += data.nbytes
-                self.s.tel.bytes_written.add(data.nbytes, {"tier": t.name})
-                return ti
+                t.bytes_in += nbytes
+                self.s.tel.bytes_written.add(nbytes, {"tier": t.name})
+                return ti, tag
         if last_exc is None:
-            raise CapacityError(f"no tier has room for a block of {data.nbytes} bytes")
+            raise CapacityError(f"no tier has room for a block of {nbytes} bytes")
         if isinstance(last_exc, CapacityError):
-            raise CapacityError(f"no tier has room for a block of {data.nbytes} bytes ({last_exc})") from last_exc
+            raise CapacityError(f"no tier has room for a block of {nbytes} bytes ({last_exc})") from last_exc
         raise last_exc
 
-    async def verify_copy(self, ti: int, key: str, nbytes: int, crc: int | None) -> bool:
+    async def verify_copy(self, ti: int, key: str, nbytes: int, tag: bytes) -> bool:
         """Whether tier ``ti``'s committed copy of ``key`` reads back whole and, for an exact
-        copy, matches ``crc`` (a lossy tier's copy is checked by its codec's own checksum)."""
-        if crc is None:
-            return True
+        copy, matches the checksum ``tag`` carries (a lossy tier's copy is checked by its
+        codec's own checksum). ``tag`` must carry one (:func:`checked_tag`)."""
         try:
             raw = await self.s.read_raw(ti, key)
         except (BlockNotFoundError, IntegrityError):
             return False
         if len(raw) != nbytes:
             return False
-        return not self.s.exact_tier(ti) or zlib.crc32(raw) == crc
+        return not self.s.exact_tier(ti) or tag_checksum(tag, raw) == tag_crc(tag)
 
     async def attach_copy(self, e: Entry, ti: int) -> None:
         """Account for a copy of ``e`` just committed on tier ``ti``: every byte a tier holds is

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import zlib
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -30,7 +29,7 @@ from ..errors import (
 )
 from ..scheduler._buckets import quantize
 from ._index import Entry, pbin
-from ._tags import retag, tag_exact, unpack_tag
+from ._tags import checked_tag, checksum, retag, tag_exact, unpack_tag
 
 if TYPE_CHECKING:
     from ._store import Store
@@ -298,7 +297,8 @@ class Mover:
         except BlockExistsError:
             if not await d.backend.contains(e.key):
                 return False  # only reserved there by another task: not a copy yet
-            if e.backing != dst and not await self.s.durable.verify_copy(dst, e.key, e.nbytes, e.crc):
+            tag = checked_tag(tag, data)
+            if e.backing != dst and not await self.s.durable.verify_copy(dst, e.key, e.nbytes, tag):
                 return False
         except CapacityError:
             return False
@@ -332,8 +332,10 @@ class Mover:
                     break
         data = await self.s.read_raw(src, e.key)
         if self.s.exact_tier(src) or not self.s.exact_tier(dst):
+            if self.s.verifies(dst) or self.s.tiers[dst].backend.capabilities.persistent:
+                return data, checked_tag(e.tag, data)  # its first checksum, if it had none
             return data, e.tag
-        return data, retag(e.tag, zlib.crc32(data), exact=False)
+        return data, retag(e.tag, checksum(data), exact=False)
 
     def commit_copy_bytes(self, e: Entry, tag: bytes) -> None:
         """Adopt the checksum and exactness ``tag`` states for ``e``'s raw copies."""

@@ -11,9 +11,9 @@ May not touch: placement (it only queues promotions through the service).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-import zlib
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -22,7 +22,7 @@ import numpy as np
 
 from .._layout import as_numpy_kv, block_slice
 from .._paged import PagedSink
-from ..backend import SupportsTagLookup
+from ..backend import SupportsArrayIO, SupportsTagLookup
 from ..errors import (
     BackendError,
     BlockNotFoundError,
@@ -33,7 +33,7 @@ from ..errors import (
 from ._index import Entry, pbin
 from ._results import GetResult
 from ._service import Promote
-from ._tags import ZERO32, unpack_tag
+from ._tags import ZERO32, tag_checked, tag_checksum, unpack_tag
 
 if TYPE_CHECKING:
     from ._store import Store
@@ -320,26 +320,14 @@ class Reader:
         sink = out if isinstance(out, PagedSink) else None
         target = self.out_view(out, n * bt) if sink is None else None
         served = [e.tier for e in entries]
-        datas = await self.read_blocks(entries, served)
-
-        def assemble() -> int:
-            for i, (e, d) in enumerate(zip(entries, datas, strict=True)):
-                if isinstance(d, BaseException):
-                    return i
-                if len(d) != e.nbytes or (self.s.exact_tier(served[i]) and zlib.crc32(d) != e.crc):
-                    datas[i] = IntegrityError(
-                        f"block {e.key[:16]} failed its CRC check", tier=self.s.tiers[e.tier].name
-                    )
-                    return i
-                if sink is not None:
-                    sink.place(i, d)
-                    continue
-                assert target is not None
-                blk = np.frombuffer(d, dtype=self.s.dtype).reshape(self.s.block_shape)
-                target[block_slice(self.s.spec, i * bt, (i + 1) * bt)] = blk
-            return len(entries)
-
-        good = await anyio.to_thread.run_sync(assemble)
+        if await self.read_direct(entries, target, sink):
+            good = n  # scattered by the tier straight into ``target`` (or the paged caches)
+            datas: list[memoryview | BaseException] = []
+        else:
+            datas = await self.read_blocks(entries, served)
+            good = await anyio.to_thread.run_sync(
+                functools.partial(self.assemble, entries, datas, served, sink, target)
+            )
         per_tier: dict[int, list[int]] = {}
         for i in range(good):
             e, tier = entries[i], self.s.tiers[served[i]]
@@ -391,6 +379,71 @@ class Reader:
         assert target is not None
         result = target if good == n else np.ascontiguousarray(target[block_slice(self.s.spec, 0, good * bt)])
         return GetResult(good * bt, result, tiers, miss_reason, exact=exact)
+
+    def assemble(
+        self,
+        entries: list[Entry],
+        datas: list[memoryview | BaseException],
+        served: list[int],
+        sink: PagedSink | None,
+        target: np.ndarray[Any, Any] | None,
+    ) -> int:
+        """Check each block read (size; the checksum on a verifying tier) and copy it into
+        ``target`` (or the paged ``sink``), in a worker thread; returns how many leading
+        blocks are good (the first bad one's error is put in ``datas``)."""
+        bt = self.s.block_tokens
+        for i, (e, d) in enumerate(zip(entries, datas, strict=True)):
+            if isinstance(d, BaseException):
+                return i
+            ti = served[i]  # where it was read from (read_blocks may have fallen back)
+            verify = self.s.exact_tier(ti) and self.s.verifies(ti) and tag_checked(e.tag)
+            if len(d) != e.nbytes or (verify and tag_checksum(e.tag, d) != e.crc):
+                datas[i] = IntegrityError(f"block {e.key[:16]} failed its checksum", tier=self.s.tiers[e.tier].name)
+                return i
+            if sink is not None:
+                sink.place(i, d)
+                continue
+            assert target is not None
+            blk = np.frombuffer(d, dtype=self.s.dtype).reshape(self.s.block_shape)
+            target[block_slice(self.s.spec, i * bt, (i + 1) * bt)] = blk
+        return len(entries)
+
+    async def read_direct(
+        self, entries: list[Entry], target: np.ndarray[Any, Any] | None, sink: PagedSink | None
+    ) -> bool:
+        """The one-copy read: every block on one healthy tier without a codec that does not
+        verify reads and scatters into arrays itself (:class:`SupportsArrayIO`) is copied
+        by that tier straight into its place in ``target`` (or its engine blocks in
+        ``sink``). False (nothing to rely on there) when that does not apply or the tier
+        failed: the caller reads the blocks the checked way, block by block."""
+        ti = entries[0].tier
+        tier = self.s.tiers[ti]
+        backend = tier.backend
+        if (
+            tier.codec is not None
+            or self.s.verifies(ti)
+            or not tier.healthy
+            or not isinstance(backend, SupportsArrayIO)
+            or any(e.tier != ti for e in entries)
+        ):
+            return False
+        bt, spec = self.s.block_tokens, self.s.spec
+        views: list[Any]
+        if sink is not None:
+            views = [sink.parts(i) for i in range(len(entries))]
+        else:
+            assert target is not None
+            views = [target[block_slice(spec, i * bt, (i + 1) * bt)] for i in range(len(entries))]
+        t0 = time.perf_counter()
+        try:
+            await backend.read_arrays([e.key for e in entries], views)
+        except BackendError as exc:
+            if not isinstance(exc, (BlockNotFoundError, IntegrityError)):
+                self.s.tier_failed(ti, exc)
+            return False
+        tier.breaker.record_success()
+        self.s.sched.estimators[ti].observe(sum(e.nbytes for e in entries), time.perf_counter() - t0)
+        return True
 
     async def discard_failed_copy(self, e: Entry) -> None:
         """A read found the serving copy of ``e`` missing or corrupt: evict it; the durable

@@ -27,7 +27,7 @@ from .._layout import STORAGE_DTYPES
 from .._placement import TierLoad
 from .._scheduling import SchedulerState
 from .._telemetry import Telemetry
-from ..backend import Backend
+from ..backend import Backend, TierKind
 from ..codecs import TierCodec
 from ..errors import (
     BackendError,
@@ -56,6 +56,9 @@ __all__ = ["Store"]
 
 log = logging.getLogger("tierkv")
 
+#: tiers whose reads are not verified unless configured (``TierConfig.verify``)
+_MEMORY_KINDS = frozenset({TierKind.DRAM, TierKind.CXL, TierKind.HBM})
+
 
 class Store:
     """State and primitives shared by the collaborators of one :class:`~tierkv.TierKV`."""
@@ -75,6 +78,11 @@ class Store:
         ]
         for t in self.tiers:
             t.ranked = self.sched.policy != "lru"
+        #: per tier: whether reads are verified against the block's checksum (see TierConfig.verify)
+        self.verify_reads = [
+            tc.verify if tc.verify is not None else b.capabilities.tier_kind not in _MEMORY_KINDS
+            for (_, b), tc in zip(tiers, config.tiers, strict=True)
+        ]
         for ti, (t, tc) in enumerate(zip(self.tiers, config.tiers, strict=True)):
             if tc.codec is not None:
                 t.codec = self.make_codec(t, tc.codec)
@@ -177,6 +185,11 @@ class Store:
                 await self.tiers[ti].backend.evict(key)
             except BackendError as exc:
                 self.tier_failed(ti, exc)
+
+    def verifies(self, ti: int) -> bool:
+        """Whether blocks read from tier ``ti`` are checked against their checksum, so that
+        a copy written there must carry one."""
+        return self.verify_reads[ti]
 
     def exact_tier(self, ti: int) -> bool:
         """Whether tier ``ti`` stores raw bytes exactly (no codec, or a lossless one)."""

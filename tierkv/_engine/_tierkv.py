@@ -21,10 +21,13 @@ pinned so that rebalancing never removes them mid-read.
 
 Integrity
 ---------
-Every block carries a CRC-32 of its raw bytes in its tag; ``get`` verifies the
-copies on exact tiers against it and lossy copies by their codec block's own
-checksum, and treats a mismatch as a miss (the copy is removed), never returning
-wrong bytes.
+A block's tag carries a checksum of its raw bytes (xxh3, computed once, when its first
+copy goes to a tier that verifies reads: persistent and network tiers, and a memory tier
+configured with ``verify = true``). ``get`` verifies copies read from such tiers against
+it, and lossy copies by their codec block's own checksum, and treats a mismatch as a miss
+(the copy is removed), never returning wrong bytes. Memory tiers are not verified by
+default: a block that lives only there is a copy in this process's own memory, and
+hashing it on every put and get would halve their speed.
 
 Where things live (``tierkv/_engine/``): the index and pins (``_index``), the
 block tag (``_tags``), relocation (``_mover``), writes and durability
@@ -36,7 +39,6 @@ service (``_service``), checkpoints (``_checkpoint``), speculative staging
 from __future__ import annotations
 
 import functools
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -53,12 +55,13 @@ from .._options import config_path
 from .._paged import PagedCaches, PagedLayout, PagedSink
 from .._registry import load_backend_class
 from .._telemetry import Telemetry
-from ..backend import Backend, BackendStats, OpenContext, TierKind
+from ..backend import Backend, BackendStats, OpenContext, SupportsArrayIO, TierKind
 from ..errors import InputError, KVLayoutError, TierKVError, TierUnavailableError
+from ._durable import BlockData, flat, nbytes_of
 from ._results import CheckpointResult, GetResult, LookupResult, PutResult, TenantStats, TierStats
 from ._service import Rebalance
 from ._store import Store
-from ._tags import ZERO32, pack_tag, root_of
+from ._tags import ZERO32, checksum, pack_tag, root_of
 
 if TYPE_CHECKING:
     from .._sync import SyncTierKV
@@ -266,8 +269,8 @@ class TierKV:
         kv = as_numpy_kv(kv_data, self._s.spec, self._s.config.kv_dtype, len(arr_tokens) - start)
         spec, bt = self._s.spec, self._s.block_tokens
 
-        def block(i: int) -> np.ndarray[Any, Any]:
-            return np.ascontiguousarray(kv[block_slice(spec, (i - first) * bt, (i - first + 1) * bt)])
+        def block(i: int) -> BlockData:
+            return kv[block_slice(spec, (i - first) * bt, (i - first + 1) * bt)]  # a view: no copy
 
         return await self._put_blocks(arr_tokens, keys, tid, first, block, block_type, durable)
 
@@ -305,10 +308,10 @@ class TierKV:
         first = self._first_block(start, len(arr_tokens))
         pc = self._paged(caches, layout, writable=False)
         ids = pc.table(block_table, len(arr_tokens))
-        per, nbytes = pc.per, self._s.block_nbytes
+        per = pc.per
 
-        def block(i: int) -> np.ndarray[Any, Any]:
-            return pc.gather(ids[i * per : (i + 1) * per], nbytes)
+        def block(i: int) -> BlockData:
+            return pc.taken(ids[i * per : (i + 1) * per])  # gathered by the tier (or flat())
 
         return await self._put_blocks(arr_tokens, keys, tid, first, block, block_type, durable)
 
@@ -332,12 +335,12 @@ class TierKV:
         keys: list[bytes],
         tid: bytes,
         first: int,
-        block: Callable[[int], np.ndarray[Any, Any]],
+        block: Callable[[int], BlockData],
         block_type: str | None,
         durable: bool,
     ) -> PutResult:
-        """Store blocks ``first..`` of a prefix; ``block(i)`` gives block ``i``'s bytes as a
-        C-contiguous array (called in a worker thread)."""
+        """Store blocks ``first..`` of a prefix; ``block(i)`` gives block ``i``'s KV as an
+        array of any strides (its elements in C order are the block's bytes)."""
         bt = self._s.block_tokens
         if block_type is not None and not isinstance(block_type, str):
             raise InputError(f"block_type: expected a string or None, got {type(block_type).__name__}")
@@ -356,11 +359,24 @@ class TierKV:
         tiers_used: list[str] = []
         stored = 0
 
-        def prepare() -> list[tuple[int, memoryview, int]]:
-            out = []
+        # the checksum is computed here when the block's first copy must carry one (its tier
+        # verifies reads, or durable=True); else the tier that first needs it computes it
+        fastest = next((ti for ti, t in enumerate(self._s.tiers) if t.healthy), 0)
+        top = self._s.tiers[fastest]
+        checked = durable or self._s.verifies(fastest) or top.backend.capabilities.persistent
+        # nothing to hash and a tier that gathers strided arrays itself: the block is copied
+        # once, from the caller's memory into the tier's (no intermediate, no thread hop)
+        direct = not checked and top.codec is None and isinstance(top.backend, SupportsArrayIO)
+
+        def prepare() -> list[tuple[int, BlockData, int]]:
+            out: list[tuple[int, BlockData, int]] = []
             for i in todo:
-                data = block(i).reshape(-1).view(np.uint8).data
-                out.append((i, data, zlib.crc32(data)))
+                blk = block(i)
+                if direct:
+                    out.append((i, blk, 0))
+                    continue
+                data = flat(blk)
+                out.append((i, data, checksum(data) if checked else 0))
             return out
 
         label = self._s.sched.block_type_index(block_type)
@@ -368,20 +384,18 @@ class TierKV:
         span_cm = self._s.tel.timed("put")
         span = span_cm.__enter__()
         try:
-            prepared = await anyio.to_thread.run_sync(prepare) if todo else []
+            prepared = (prepare() if direct else await anyio.to_thread.run_sync(prepare)) if todo else []
             for i, data, crc in prepared:
                 parent = keys[i - 1] if i else ZERO32
-                tag = pack_tag(self._s.model_scope, tid, parent, i, crc, data.nbytes, root)
+                tag = pack_tag(self._s.model_scope, tid, parent, i, crc, nbytes_of(data), root, checked=checked)
                 key = keys[i].hex()
                 with anyio.CancelScope(shield=True):
-                    placed = await self._s.durable.store_block(
-                        key, data, tag, i, tid, parent, crc, durable, root, label
-                    )
+                    placed = await self._s.durable.store_block(key, data, tag, i, tid, parent, durable, root, label)
                 if placed is None:
                     # another task is storing this block right now: wait until it is indexed (and
                     # durable, if asked), so that on return every block of the prefix is stored
                     store = functools.partial(
-                        self._s.durable.store_block, key, data, tag, i, tid, parent, crc, durable, root, label
+                        self._s.durable.store_block, key, data, tag, i, tid, parent, durable, root, label
                     )
                     await self._s.durable.await_concurrent_store(key, store, data, tag, durable)
                     continue
@@ -407,7 +421,7 @@ class TierKV:
                         "tierkv.tokens": len(arr_tokens),
                         "tierkv.stored_tokens": (len(keys) - first) * bt,
                         "tierkv.new_blocks": stored,
-                        "tierkv.bytes": sum(d.nbytes for _, d, _ in prepared),
+                        "tierkv.bytes": sum(nbytes_of(d) for _, d, _ in prepared),
                         "tierkv.tiers": tiers_used,
                         "tierkv.codec": sorted(
                             {self._s.codec_name(i) for i, t in enumerate(self._s.tiers) if t.name in tiers_used}
