@@ -20,9 +20,11 @@ more than ``ceil(nbytes / granule)`` granules: internal fragmentation is below
 one granule per block, not the 2x of a plain buddy system. Freeing a block
 decomposes it into aligned power-of-two runs again and merges each with its
 buddies, so an emptied arena always coalesces back to its initial runs.
-External fragmentation is the usual buddy one: a request of order ``k`` fails
-when no free run of order >= ``k`` exists even if the free total would do;
-the allocator reports ``largest_free`` so callers can see it.
+External fragmentation: when no free run of order >= ``k`` exists, a request is
+carved from *neighbouring* free runs (first fit in address order), so a block size
+that is not a power of two (most KV blocks) can use the whole arena rather than one
+block per power-of-two run; it fails only when no contiguous free stretch is large
+enough. ``largest_free`` reports the largest aligned run (a request sure to succeed).
 
 Accounting
 ----------
@@ -73,7 +75,7 @@ class BuddyAllocator:
     is not currently allocated (double free).
     """
 
-    __slots__ = ("_free", "_free_order", "_granule", "_live", "_shift", "_total", "used")
+    __slots__ = ("_cursor", "_free", "_free_order", "_granule", "_live", "_shift", "_total", "used")
 
     def __init__(self, size: int, granule: int = 4096) -> None:
         if not _is_pow2(granule):
@@ -88,6 +90,7 @@ class BuddyAllocator:
         self._free_order: dict[int, int] = {}  # start -> order, for free runs only
         self._live: dict[int, int] = {}  # start -> granules, for allocated extents
         self.used = 0  # bytes (granule-rounded)
+        self._cursor = 0  # granule after the last run handed out (next fit for odd sizes)
         for start, order in self._pieces(0, self._total):
             self._push(start, order)
 
@@ -165,7 +168,44 @@ class BuddyAllocator:
     # ------------------------------------------------------------------- API
     def _take_run(self, n: int) -> int | None:
         """Hold ``n`` (> 0) granules: the start of the run, or ``None``. Does not
-        touch ``_live`` or ``used``."""
+        touch ``_live`` or ``used``. A size that is not a power of two goes right after
+        the run handed out last when the granules there are free (so blocks of one odd
+        size pack back to back instead of one per power-of-two run), else to the
+        smallest aligned run that holds it, else to neighbouring free runs."""
+        if n & (n - 1):  # not a power of two: right after the previous one, if free there
+            start = self._take_at(self._cursor, n)
+            if start is not None:
+                self._cursor = start + n
+                return start
+        start = self._take_aligned(n)
+        if start is None:
+            start = self._take_span(n)
+        if start is not None:
+            self._cursor = start + n
+        return start
+
+    def _take_at(self, p: int, n: int) -> int | None:
+        """Hold granules ``[p, p + n)`` if free runs cover them exactly from ``p`` on."""
+        acc = 0
+        chosen: list[tuple[int, int]] = []
+        q = p
+        get = self._free_order.get
+        while acc < n:
+            o = get(q)
+            if o is None:
+                return None
+            chosen.append((q, o))
+            acc += 1 << o
+            q += 1 << o
+        for s, o in chosen:
+            del self._free_order[s]
+            self._free[o].discard(s)
+        for s, o in self._pieces(p + n, acc - n):
+            self._release_run(s, o)
+        return p
+
+    def _take_aligned(self, n: int) -> int | None:
+        """The buddy way: the smallest free run of order ``ceil(log2 n)`` or more."""
         k = (n - 1).bit_length()  # ceil(log2 n)
         order = k
         free = self._free
@@ -184,6 +224,33 @@ class BuddyAllocator:
             for s, o in self._pieces(start + n, (1 << k) - n):
                 self._push(s, o)  # its buddies are inside the held head: no merge possible
         return start
+
+    def _take_span(self, n: int) -> int | None:
+        """Hold ``n`` granules from neighbouring free runs when no single aligned run is
+        large enough: a request that is not a power of two (a 5.6 MiB block needs an
+        8 MiB run) would otherwise leave most of an arena's runs too small for it while
+        the free space, in adjacent pieces, would do. First fit over the runs in address
+        order; the unused tail goes back (merged with its buddies). ``None`` if no
+        contiguous free stretch of ``n`` granules exists."""
+        span = 0
+        acc = 0
+        chosen: list[tuple[int, int]] = []
+        end = -1
+        for start, order in sorted(self._free_order.items()):
+            size = 1 << order
+            if start != end:
+                span, acc, chosen = start, 0, []
+            chosen.append((start, order))
+            acc += size
+            end = start + size
+            if acc >= n:
+                for s, o in chosen:
+                    del self._free_order[s]
+                    self._free[o].discard(s)
+                for s, o in self._pieces(span + n, acc - n):
+                    self._release_run(s, o)
+                return span
+        return None
 
     def _release(self, start: int, n: int) -> None:
         for s, o in self._pieces(start, n):
