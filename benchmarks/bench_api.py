@@ -18,7 +18,10 @@ Every repetition measures, back to back, the reference and each operation:
 * ``put_paged`` / ``get_paged``: the same tokens held in vLLM flash-attention caches (per layer
   ``[2, num_blocks, 16, kv_heads, head_dim]`` torch CPU tensors, a shuffled block table) beside
   ``torch.index_select`` (gather into a pre-touched buffer) and ``index_copy_`` (scatter) of the
-  same engine blocks of every layer (ratio = torch time / tierkv time).
+  same engine blocks of every layer (ratio = torch time / tierkv time);
+* ``pfs cold get``: ``get`` from a store with one pfs tier after its files left the page
+  cache (``posix_fadvise(DONTNEED)`` on each), beside a single-threaded sequential read of the
+  same files, cold too (ratio = read time / get time).
 
 It prints one table: the median of the repetitions for each figure, the ratio to memcpy
 (memcpy time / operation time, so 1.0 is memcpy speed), the target, and LMCache 0.5.6's
@@ -29,9 +32,12 @@ re-measured here).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -124,6 +130,7 @@ async def bench_shape(name: str, n: int, reps: int) -> list[tuple[str, str, str,
         await paged(kv, src, tokens, reps, add)
     finally:
         await kv.aclose()
+    await pfs_cold(hf, src, tokens, reps, add)
     mem = statistics.median(res["memcpy"])
     rows: list[tuple[str, str, str, str, str]] = [("memcpy", f"{mem * 1e3:.1f} ms", "1.00x", "", "")]
     for k, target in (("put", ">= 0.95x"), ("get(out=)", ">= 0.95x"), ("get()", ">= 0.8x")):
@@ -139,6 +146,9 @@ async def bench_shape(name: str, n: int, reps: int) -> list[tuple[str, str, str,
             LMCACHE["new block"],
         )
     )
+    if "pfs cold get" in res:
+        t, r = statistics.median(res["pfs cold get"]), statistics.median(res["pfs cold read"])
+        rows.append(("pfs cold get", f"{t * 1e3:.1f} ms", f"{r / t:.2f}x", ">= 1.5x", ""))
     if "put_paged" in res:
         for k, ref in (("put_paged", "index_select"), ("get_paged", "index_copy_")):
             t, r = statistics.median(res[k]), statistics.median(res[ref])
@@ -184,6 +194,61 @@ async def paged(
         add("index_copy_", timed(lambda: [o.index_copy_(1, table, g) for o, g in zip(out, gathered, strict=True)]))
         add("get_paged", await atimed(lambda: kv.get_paged(tokens, out, table, layout=layout)))
     assert all(torch.equal(o, c) for o, c in zip(out, caches, strict=True)), "get_paged returned other bytes"
+
+
+def _block_files(d: str) -> tuple[list[Path], int]:
+    """The pfs tier's block files under ``d`` (1 MiB or more; each inode once: records are
+    hard links to content files) and the largest size."""
+    seen: dict[tuple[int, int], Path] = {}
+    for p in sorted(Path(d).rglob("*")):
+        st = p.stat()
+        if p.is_file() and st.st_size >= 1 << 20:
+            seen.setdefault((st.st_dev, st.st_ino), p)
+    files = list(seen.values())
+    return files, max(p.stat().st_size for p in files)
+
+
+def _drop_cache(paths: list[Path]) -> None:
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+async def pfs_cold(
+    hf: dict[str, int],
+    src: np.ndarray[Any, Any],
+    tokens: np.ndarray[Any, Any],
+    reps: int,
+    add: Callable[[str, float], None],
+) -> None:
+    """get from a pfs-only store with its files out of the page cache, beside one thread
+    reading the same files in order."""
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TIERKV_BENCH_DIR")) as d:
+        cfg = config(hf, src.nbytes)
+        cfg["tiers"] = [{"name": "pfs", "backend": "pfs", "path": d, "capacity": 2 * src.nbytes + (64 << 20)}]
+        async with await TierKV.open(cfg) as kv:
+            await kv.put(tokens, src)
+            files, biggest = await anyio.to_thread.run_sync(_block_files, d)
+            out = np.empty_like(src)
+            out.fill(0)
+            buf = bytearray(biggest)
+
+            def read_all() -> None:
+                for p in sorted(files):
+                    with open(p, "rb", buffering=0) as f:
+                        f.readinto(buf)
+
+            for _ in range(reps):
+                _drop_cache(files)
+                add("pfs cold read", timed(read_all))
+                _drop_cache(files)
+                g: list[Any] = []
+                add("pfs cold get", await atimed(lambda g=g: _keep(g, kv.get(tokens, out=out))))
+                assert g[0].tokens == len(tokens), g[0].miss_reason
 
 
 async def _keep(out: list[Any], aw: Awaitable[Any]) -> None:
