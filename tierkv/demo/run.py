@@ -103,32 +103,41 @@ def _tierkv_config(loaded: Any, pfs_dir: Path, dram_capacity: int | None, block_
 
 
 async def _timed_cached_runs(
-    kv: Any, loaded: Any, followup: list[int], new_tokens: int, runs: int
+    kv: Any, loaded: Any, followup: list[int], new_tokens: int, runs: int, parts: dict[str, float] | None = None
 ) -> tuple[list[float], list[list[int]], int, tuple[str, ...], float]:
-    """``runs`` times: lookup + get the prefix, then generate; returns TTFTs, token lists, prefix, tiers, fetch s."""
+    """``runs`` times: lookup + get the prefix, then generate; returns TTFTs, token lists, prefix,
+    tiers, fetch s. ``parts`` receives the medians of where the cached TTFT went (``lookup_s``,
+    ``get_s``, ``cache_s``, ``prefill_s``, ``prefill_tokens``)."""
     ttfts: list[float] = []
     outputs: list[list[int]] = []
     fetches: list[float] = []
+    split: dict[str, list[float]] = {}
     prefix = 0
     tiers: tuple[str, ...] = ()
     for _ in range(runs):
         start = time.perf_counter()
         lk = await kv.lookup(followup)
+        looked = time.perf_counter()
         got = await kv.get(followup) if lk.tokens else None
         fetched = time.perf_counter() - start
+        timings: dict[str, float] = {"lookup_s": looked - start, "get_s": fetched - (looked - start)}
         past = got.kv if got is not None and got.tokens > 0 else None
         if got is not None and got.tokens >= len(followup):  # at least one token must be prefilled
             past = got.kv[:, :, : len(followup) - 1]
         prefix = 0 if past is None else int(past.shape[2])
         tiers = got.tiers if got is not None else ()
 
-        def gen(past: Any = past) -> tuple[list[int], float]:
-            return generate_greedy(loaded, [followup], past_kv=past, max_new_tokens=new_tokens)
+        def gen(past: Any = past, timings: dict[str, float] = timings) -> tuple[list[int], float]:
+            return generate_greedy(loaded, [followup], past_kv=past, max_new_tokens=new_tokens, timings=timings)
 
         tokens, ttft = await anyio.to_thread.run_sync(gen)
         ttfts.append(fetched + ttft)
         fetches.append(fetched)
         outputs.append(tokens)
+        for k, v in timings.items():
+            split.setdefault(k, []).append(v)
+    if parts is not None:
+        parts.update({k: statistics.median(v) for k, v in split.items()})
     return ttfts, outputs, prefix, tiers, statistics.median(fetches)
 
 
@@ -209,8 +218,9 @@ async def run_demo(
         lk = await kv.lookup(followup)
         _say(f"    lookup(follow-up): {lk.tokens} tokens stored; blocks per tier: {_count(lk.block_tiers)}")
         _say(f"    cached: lookup + get + prefill of the rest, {runs} runs ...")
+        parts: dict[str, float] = {}
         c_ttfts, c_outputs, prefix, tiers_hit, fetch_s = await _timed_cached_runs(
-            kv, loaded, followup, new_tokens, runs
+            kv, loaded, followup, new_tokens, runs, parts
         )
         for t in c_ttfts:
             _say(f"    TTFT {t:.3f} s")
@@ -232,6 +242,7 @@ async def run_demo(
         "suffix_tokens_prefilled": len(followup) - prefix,
         "new_tokens": len(reference),
         "fetch_s": fetch_s,
+        "cached_ttft_parts_s": parts,
         "runs": runs,
         "ttft_recompute_runs_s": base_ttfts,
         "ttft_cached_runs_s": c_ttfts,
@@ -249,6 +260,19 @@ async def run_demo(
     _say(
         f"TTFT recompute {result['ttft_recompute_s']:.3f} s | with tierkv {result['ttft_cached_s']:.3f} s"
         f" (fetch {fetch_s:.3f} s) | ratio {result['ttft_ratio']:.1f}x (medians of {runs})"
+    )
+    _say(
+        "cached TTFT went to: "
+        + ", ".join(
+            f"{name} {parts[key] * 1e3:.1f} ms"
+            for name, key in (("lookup", "lookup_s"), ("get", "get_s"), ("building the cache", "cache_s"))
+            if key in parts
+        )
+        + (
+            f", prefill of {int(parts['prefill_tokens'])} new tokens {parts['prefill_s'] * 1e3:.1f} ms"
+            if "prefill_s" in parts
+            else ""
+        )
     )
     _say(f"prefix {prefix} tokens from tiers {list(tiers_hit)}; generated tokens identical: {identical}")
 
