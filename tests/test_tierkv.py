@@ -127,10 +127,13 @@ async def test_demotion_to_pfs_and_hit_served_from_pfs(tmp_path: Path) -> None:
         datas = [kv_for(32, i) for i in range(6)]
         for s, d in zip(seqs, datas, strict=True):
             await kv.put(s, d)
-        # the scheduler service (started by ``async with``) rebalances in the background
+        # the scheduler service (started by ``async with``) rebalances in the background:
+        # drain() waits for it, after which nothing is in flight
         with anyio.fail_after(10):
-            while (st := kv.stats())["dram"].used_bytes > 0.9 * st["dram"].capacity_bytes:  # noqa: ASYNC110
-                await anyio.sleep(0.01)
+            await kv.drain()
+        st = kv.stats()
+        assert st["dram"].used_bytes <= 0.9 * st["dram"].capacity_bytes
+        assert kv.invariant_violations() == []
         assert st["pfs"].blocks >= 8 and st["dram"].demotions > 0
         # the oldest sequence now lives in PFS and is served from there, bit-exact
         lk = await kv.lookup(seqs[0])

@@ -291,6 +291,10 @@ class SyncTierKV:
         kv = self.aio
         self._portal().call(lambda: kv.report_attention(layer, head_scores, positions, query_pos, **kw))
 
+    def drain(self) -> None:
+        """:meth:`TierKV.drain`, from a synchronous thread."""
+        self._portal().call(self.aio.drain)
+
     def stats(self) -> dict[str, TierStats]:
         return self._portal().call(self.aio.stats)
 

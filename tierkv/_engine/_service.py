@@ -61,6 +61,8 @@ class Service:
         self.s = s
         self.jobs: MemoryObjectSendStream[Job] | None = None
         self.pending: set[Job] = set()
+        #: set when ``pending`` empties (made by a waiting :meth:`drain`)
+        self._idle: anyio.Event | None = None
 
     @property
     def running(self) -> bool:
@@ -83,7 +85,21 @@ class Service:
         finally:
             self.jobs = None
             self.pending.clear()
+            if self._idle is not None:
+                self._idle.set()
             send.close()
+
+    async def drain(self) -> None:
+        """Return once no job is queued or running (at once when the service is not running)."""
+        while self.pending:
+            if self._idle is None or self._idle.is_set():
+                self._idle = anyio.Event()
+            await self._idle.wait()
+
+    def _done(self, job: Job) -> None:
+        self.pending.discard(job)
+        if not self.pending and self._idle is not None:
+            self._idle.set()
 
     def submit(self, job: Job) -> None:
         """Queue a background job (deduplicated); drop it, counted, if the queue is full.
@@ -116,7 +132,7 @@ class Service:
             log.warning("tierkv: background job %s failed: %s: %s", name, type(exc).__name__, exc, exc_info=exc)
             s.tel.decision("job_failed", {"tierkv.job": name, "tierkv.reason": f"{type(exc).__name__}: {exc}"[:200]})
         finally:
-            self.pending.discard(job)
+            self._done(job)
 
     async def probe_loop(self) -> None:
         """Probe unhealthy tiers once their breaker's cooldown has passed."""

@@ -586,6 +586,14 @@ class TierKV:
         """
         await self._s.service.run(task_status=task_status)
 
+    async def drain(self) -> None:
+        """Wait until the scheduler service has no placement job queued or running (a
+        rebalance, promotion or reservation that ``put``/``get`` queued); returns at once
+        without the service. Useful before measuring, or before checking
+        :meth:`invariant_violations` with ``quiescent=True`` while the service runs."""
+        self._s.check_open()
+        await self._s.service.drain()
+
     # ------------------------------------------------------------- delegates
     async def flush(self, scope: Scope | None = None, *, batch: int = 64) -> int:
         """Reclaim the blocks of old model scopes on every tier (see :meth:`Checkpoints.flush`)."""
