@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._tags import pack_tag, tag_exact, unpack_tag
+from ._tags import ZERO32, pack_tag, tag_exact, unpack_tag
 
 if TYPE_CHECKING:
     from ._entry import Entry
@@ -29,8 +29,19 @@ if TYPE_CHECKING:
 
 __all__ = ["NO_LABEL", "Columns"]
 
+
+class _Ref(weakref.ref):  # type: ignore[type-arg]
+    """A weak reference to the handle of ``row``."""
+
+    __slots__ = ("row",)
+    row: int
+
+
 #: ``label`` column value meaning None
-NO_LABEL = -(1 << 31)
+NO_LABEL = -128
+#: the value a narrow column holds when the field's value does not fit it (kept in ``Columns.wide``)
+WIDE = {"nbytes": 0xFFFFFFFF, "pos": 0xFFFFFFFF, "crc": 0xFFFFFFFF, "count": 0xFFFFFFFF, "cell": 0xFFFF, "label": -127}
+U32 = 0xFFFFFFFF
 _EMPTY = -1
 _TOMB = -2
 _MAX_LOAD = 0.6
@@ -43,20 +54,21 @@ _COLUMNS: tuple[tuple[str, str, int | float], ...] = (
     ("moving", "b", 0),
     ("exact", "b", 1),
     ("tinx", "b", 0),  # the tag's "inexact" flag (the tag is derived, see Columns.tag)
-    ("nbytes", "q", 0),
-    ("pos", "q", 0),
-    ("crc", "q", 0),
+    ("nbytes", "I", 0),
+    ("pos", "I", 0),
+    ("crc", "I", 0),
     ("bid", "q", -1),  # -1: a free row (bids are >= 0 and unique per adoption)
-    ("cell", "i", 0),
-    ("count", "q", 0),
+    ("cell", "H", 0),
+    ("count", "I", 0),
     ("children", "i", 0),
     ("t_last", "d", 0.0),
     ("p_pred", "d", 0.0),
     ("rank", "q", 0),
-    ("label", "i", NO_LABEL),
-    ("scope", "I", 0),
-    ("tenant", "I", 0),
+    ("label", "b", NO_LABEL),
+    ("st", "I", 0),  # (model scope, tenant), interned
     ("root", "Q", 0),  # the tag's root (8 bytes, little-endian)
+    ("prow", "i", -1),  # the row holding the parent key (-1: ZERO32)
+    ("refs", "I", 0),  # rows whose parent key this row holds
     # residency (``_residency``): the serving tier's recency list and the rank queue's FIFOs
     ("lt", "b", -1),  # tier whose recency list holds the row (-1: none)
     ("lprev", "i", -1),
@@ -88,9 +100,10 @@ class Columns:
     p_pred: array[float]
     rank: array[int]
     label: array[int]
-    scope: array[int]
-    tenant: array[int]
+    st: array[int]
     root: array[int]
+    prow: array[int]
+    refs: array[int]
     lt: array[int]
     lprev: array[int]
     lnext: array[int]
@@ -104,7 +117,6 @@ class Columns:
             setattr(self, name, array(code))
         self._fresh = [(getattr(self, name), value) for name, _, value in _COLUMNS]
         self.keys = bytearray()  # 32 bytes per row
-        self.parents = bytearray()  # 32 bytes per row
         self.rows = 0  # rows ever allocated (free ones included)
         self.free = array("i")
         self.live = 0
@@ -117,51 +129,118 @@ class Columns:
         self.odd_key: dict[int, str] = {}
         self.tag_over: dict[int, bytes] = {}  # rows whose tag is not derivable from their fields
         self.parent_over: dict[int, bytes] = {}  # rows whose parent is not 32 bytes
-        self.scopes: list[bytes] = []
-        self._scope_ids: dict[bytes, int] = {}
-        self.tenants: list[bytes] = []
-        self._tenant_ids: dict[bytes, int] = {}
+        #: rows not indexed, kept for their key while other rows name it as their parent
+        self.orphans: dict[bytes, int] = {}
+        #: (model scope, tenant) pairs, interned (the ``st`` column)
+        self.pairs: list[tuple[bytes, bytes]] = []
+        self._pair_ids: dict[tuple[bytes, bytes], int] = {}
+        #: (column, row) -> a value too wide for its narrow column (which holds ``WIDE[column]``)
+        self.wide: dict[tuple[str, int], int] = {}
         #: the handle of each row that some code holds (one object per row while held)
-        self.handles: weakref.WeakValueDictionary[int, Entry] = weakref.WeakValueDictionary()
+        self.handles: dict[int, _Ref] = {}
         #: the residency of each tier, by tier index (bound by ``Index``)
         self.tiers: list[Tier] = []
 
+    # -- handles -------------------------------------------------------------------------------
+    def handle_of(self, row: int) -> Entry | None:
+        ref = self.handles.get(row)
+        return None if ref is None else ref()
+
+    def hold(self, row: int, e: Entry) -> None:
+        ref = _Ref(e, self._gone)
+        ref.row = row
+        self.handles[row] = ref
+
+    def unhold(self, row: int) -> Entry | None:
+        ref = self.handles.pop(row, None)
+        return None if ref is None else ref()
+
+    def _gone(self, ref: _Ref) -> None:
+        if self.handles.get(ref.row) is ref:
+            del self.handles[ref.row]
+
     # -- interning -------------------------------------------------------------------------
-    def intern_scope(self, v: bytes) -> int:
-        i = self._scope_ids.get(v)
+    def intern(self, model_scope: bytes, tenant: bytes) -> int:
+        k = (model_scope, tenant)
+        i = self._pair_ids.get(k)
         if i is None:
-            i = self._scope_ids[v] = len(self.scopes)
-            self.scopes.append(v)
+            i = self._pair_ids[k] = len(self.pairs)
+            self.pairs.append(k)
         return i
 
-    def intern_tenant(self, v: bytes) -> int:
-        i = self._tenant_ids.get(v)
-        if i is None:
-            i = self._tenant_ids[v] = len(self.tenants)
-            self.tenants.append(v)
-        return i
+    # -- narrow columns ------------------------------------------------------------------------
+    def put(self, name: str, col: array[int], row: int, v: int) -> None:
+        """``col[row] = v``, or the column's wide marker and ``v`` in ``wide`` when it does not fit."""
+        try:
+            if v == WIDE[name]:
+                raise OverflowError
+            col[row] = v
+        except OverflowError:
+            col[row] = WIDE[name]
+            self.wide[(name, row)] = v
+            return
+        if self.wide:
+            self.wide.pop((name, row), None)
+
+    def get(self, name: str, col: array[int], row: int) -> int:
+        v = col[row]
+        return self.wide[(name, row)] if v == WIDE[name] else v
 
     # -- rows --------------------------------------------------------------------------------
     def alloc(self) -> int:
         if self.free:
             row = self.free.pop()
-            for col, value in self._fresh:
-                col[row] = value
+            self._reset(row)
             return row
         row = self.rows
         for col, value in self._fresh:
             col.append(value)
         self.keys += bytes(32)
-        self.parents += bytes(32)
         self.rows += 1
         return row
 
+    def _reset(self, row: int) -> None:
+        for col, value in self._fresh:
+            col[row] = value
+
+    def take(self, key: str) -> int:
+        """A row for ``key`` about to be indexed: the row that already holds its key as a
+        parent (see :meth:`set_parent`), else a new one."""
+        if self.orphans:
+            kb = self.binary(key)
+            row = self.orphans.pop(kb, -1) if kb is not None else -1
+            if row >= 0:
+                refs = self.refs[row]
+                self._reset(row)
+                self.refs[row] = refs
+                return row
+        return self.alloc()
+
     def release(self, row: int) -> None:
-        """Free ``row`` (already out of the key table and every residency list)."""
+        """``row`` left the index (already out of the key table and every residency list):
+        freed, or kept for its key while other rows name it as their parent."""
         self.bid[row] = -1
+        if self.wide:
+            for k in [k for k in self.wide if k[1] == row]:
+                del self.wide[k]
         self.tag_over.pop(row, None)
         self.parent_over.pop(row, None)
-        self.free.append(row)
+        pr = self.prow[row]
+        self.prow[row] = -1
+        if self.refs[row]:
+            o = row << 5
+            self.orphans[bytes(self.keys[o : o + 32])] = row
+        else:
+            self.free.append(row)
+        if pr >= 0:
+            self._unref(pr)
+
+    def _unref(self, pr: int) -> None:
+        self.refs[pr] -= 1
+        if not self.refs[pr] and self.bid[pr] < 0:  # an unindexed row kept only as a parent key
+            o = pr << 5
+            del self.orphans[bytes(self.keys[o : o + 32])]
+            self.free.append(pr)
 
     def key_of(self, row: int) -> str:
         if self.odd_key and row in self.odd_key:
@@ -172,26 +251,46 @@ class Columns:
     def parent_of(self, row: int) -> bytes:
         if self.parent_over and row in self.parent_over:
             return self.parent_over[row]
-        o = row << 5
-        return bytes(self.parents[o : o + 32])
+        pr = self.prow[row]
+        if pr < 0:
+            return ZERO32
+        o = pr << 5
+        return bytes(self.keys[o : o + 32])
 
     def set_parent(self, row: int, v: bytes) -> None:
-        if len(v) == 32:
-            self.parent_over.pop(row, None)
-            o = row << 5
-            self.parents[o : o + 32] = v
-        else:
+        """The parent key of ``row``: a reference to the row holding that key (the parent's
+        own row, or one kept for the key alone while the parent is not indexed)."""
+        old = self.prow[row]
+        self.parent_over.pop(row, None)
+        if len(v) != 32:
             self.parent_over[row] = v
+            pr = -1
+        elif v == ZERO32:
+            pr = -1
+        else:
+            kb = bytes(v)
+            pr = self.find_binary(kb)
+            if pr < 0:
+                pr = self.orphans.get(kb, -1)
+                if pr < 0:
+                    pr = self.alloc()
+                    self.keys[pr << 5 : (pr << 5) + 32] = kb
+                    self.orphans[kb] = pr
+            self.refs[pr] += 1
+        self.prow[row] = pr
+        if old >= 0:
+            self._unref(old)
 
     # -- the tag -----------------------------------------------------------------------------
     def derive_tag(self, row: int) -> bytes:
+        ms, tenant = self.pairs[self.st[row]]
         return pack_tag(
-            self.scopes[self.scope[row]],
-            self.tenants[self.tenant[row]],
+            ms,
+            tenant,
             self.parent_of(row),
-            self.pos[row],
-            self.crc[row],
-            self.nbytes[row],
+            self.get("pos", self.pos, row),
+            self.get("crc", self.crc, row),
+            self.get("nbytes", self.nbytes, row),
             self.root[row].to_bytes(8, "little"),
             exact=not self.tinx[row],
         )

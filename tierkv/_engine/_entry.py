@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._columns import NO_LABEL
+from ._columns import NO_LABEL, U32, WIDE
 
 if TYPE_CHECKING:
     from ._columns import Columns
@@ -154,19 +154,21 @@ class _Row(Entry):
 
     @property
     def cell(self) -> int:
-        return self._c.cell[self.row]
+        v = self._c.cell[self.row]
+        return v if v != 0xFFFF else self._c.wide[("cell", self.row)]
 
     @cell.setter
     def cell(self, v: int) -> None:
-        self._c.cell[self.row] = v
+        self._c.put("cell", self._c.cell, self.row, v)
 
     @property
     def count(self) -> int:
-        return self._c.count[self.row]
+        v = self._c.count[self.row]
+        return v if v != U32 else self._c.wide[("count", self.row)]
 
     @count.setter
     def count(self, v: int) -> None:
-        self._c.count[self.row] = v
+        self._c.put("count", self._c.count, self.row, v)
 
     @property
     def children(self) -> int:
@@ -203,45 +205,50 @@ class _Row(Entry):
     @property
     def label(self) -> int | None:
         v = self._c.label[self.row]
-        return None if v == NO_LABEL else v
+        if v == NO_LABEL:
+            return None
+        return v if v != WIDE["label"] else self._c.wide[("label", self.row)]
 
     @label.setter
     def label(self, v: int | None) -> None:
-        self._c.label[self.row] = NO_LABEL if v is None else v
+        _put_label(self._c, self.row, v)
 
     # the fields the tag is derived from: a change keeps the tag as it was
     @property
     def nbytes(self) -> int:
-        return self._c.nbytes[self.row]
+        v = self._c.nbytes[self.row]
+        return v if v != U32 else self._c.wide[("nbytes", self.row)]
 
     @nbytes.setter
     def nbytes(self, v: int) -> None:
         c, r = self._c, self.row
         c.keep_tag(r)
-        c.nbytes[r] = v
+        c.put("nbytes", c.nbytes, r, v)
         c.settle_tag(r)
 
     @property
     def pos(self) -> int:
-        return self._c.pos[self.row]
+        v = self._c.pos[self.row]
+        return v if v != U32 else self._c.wide[("pos", self.row)]
 
     @pos.setter
     def pos(self, v: int) -> None:
         c, r = self._c, self.row
         c.keep_tag(r)
-        c.pos[r] = v
+        c.put("pos", c.pos, r, v)
         c.settle_tag(r)
 
     @property
     def crc(self) -> int:
-        return self._c.crc[self.row]
+        v = self._c.crc[self.row]
+        return v if v != U32 else self._c.wide[("crc", self.row)]
 
     @crc.setter
     def crc(self, v: int) -> None:
         c, r = self._c, self.row
-        if c.crc[r] != v:
+        if self.crc != v:
             c.keep_tag(r)
-            c.crc[r] = v
+            c.put("crc", c.crc, r, v)
             c.settle_tag(r)
 
     @property
@@ -257,24 +264,24 @@ class _Row(Entry):
 
     @property
     def model_scope(self) -> bytes:
-        return self._c.scopes[self._c.scope[self.row]]
+        return self._c.pairs[self._c.st[self.row]][0]
 
     @model_scope.setter
     def model_scope(self, v: bytes) -> None:
         c, r = self._c, self.row
         c.keep_tag(r)
-        c.scope[r] = c.intern_scope(v)
+        c.st[r] = c.intern(v, self.tenant)
         c.settle_tag(r)
 
     @property
     def tenant(self) -> bytes:
-        return self._c.tenants[self._c.tenant[self.row]]
+        return self._c.pairs[self._c.st[self.row]][1]
 
     @tenant.setter
     def tenant(self, v: bytes) -> None:
         c, r = self._c, self.row
         c.keep_tag(r)
-        c.tenant[r] = c.intern_tenant(v)
+        c.st[r] = c.intern(self.model_scope, v)
         c.settle_tag(r)
 
     @property
@@ -310,15 +317,27 @@ _FIELDS = (
 )
 
 
+def _put_label(c: Columns, row: int, v: int | None) -> None:
+    if v is None:
+        c.label[row] = NO_LABEL
+        if c.wide:
+            c.wide.pop(("label", row), None)
+    elif v == NO_LABEL:
+        c.label[row] = WIDE["label"]
+        c.wide[("label", row)] = v
+    else:
+        c.put("label", c.label, row, v)
+
+
 def handle(c: Columns, row: int) -> Entry:
     """The entry object of indexed ``row``: the one some code holds, else a new handle."""
-    e = c.handles.get(row)
+    e = c.handle_of(row)
     if e is None:
         e = _Row.__new__(_Row)
         e._c = c
         e.row = row
         e.key = c.key_of(row)
-        c.handles[row] = e
+        c.hold(row, e)
     return e
 
 
@@ -332,29 +351,28 @@ def attach(c: Columns, e: Entry, row: int) -> None:
     c.moving[r] = 1 if e.moving else 0
     c.exact[r] = 1 if e.exact else 0
     c.bid[r] = e.bid
-    c.cell[r] = e.cell
-    c.count[r] = e.count
+    c.put("cell", c.cell, r, e.cell)
+    c.put("count", c.count, r, e.count)
     c.children[r] = e.children
     c.t_last[r] = e.t_last
     c.p_pred[r] = e.p_pred
     c.rank[r] = e.rank
-    c.label[r] = NO_LABEL if e.label is None else e.label
-    c.nbytes[r] = e.nbytes
-    c.pos[r] = e.pos
-    c.crc[r] = e.crc
+    _put_label(c, r, e.label)
+    c.put("nbytes", c.nbytes, r, e.nbytes)
+    c.put("pos", c.pos, r, e.pos)
+    c.put("crc", c.crc, r, e.crc)
     c.set_parent(r, e.parent)
-    c.scope[r] = c.intern_scope(e.model_scope)
-    c.tenant[r] = c.intern_tenant(e.tenant)
+    c.st[r] = c.intern(e.model_scope, e.tenant)
     c.set_tag(r, e.tag)
     e.__class__ = _Row
     e._c = c
     e.row = row
-    c.handles[row] = e
+    c.hold(row, e)
 
 
 def detach(c: Columns, row: int) -> None:
     """``row`` leaves the index: its handle, if any code holds one, keeps the row's fields."""
-    e = c.handles.pop(row, None)
+    e = c.unhold(row)
     if e is None:
         return
     values = [getattr(e, f) for f in _FIELDS]

@@ -167,7 +167,7 @@ class Index:
             old = c.find(e.key)
             if old >= 0:  # another entry under this key: replaced (its residency with it)
                 self.free(handle(c, old))
-            row = c.alloc()
+            row = c.take(e.key)
             c.insert(e.key, row)
             attach(c, e, row)
         e.bid = self.next_bid
@@ -183,6 +183,14 @@ class Index:
             rk = (e.tenant[:16], root[:8])
             self.roots[rk] = self.roots.get(rk, 0) + 1
             self.roots_any[root[:8]] = self.roots_any.get(root[:8], 0) + 1
+
+    def evictable(self, row: int, tenant: bytes | None) -> int | None:
+        """The size of indexed ``row``'s block if it may be chosen as a victim now (not pinned,
+        not being relocated, and ``tenant``'s when given), else None."""
+        c = self.cols
+        if c.pins[row] or c.moving[row] or (tenant is not None and c.pairs[c.st[row]][1][:16] != tenant):
+            return None
+        return c.get("nbytes", c.nbytes, row)
 
     def touch(self, e: Entry) -> None:
         """``e`` was accessed: most recently used on its serving tier, ranked by ``e.rank``."""
@@ -231,25 +239,26 @@ class Index:
         c = self.cols
         ms = self.s.model_scope[:16]
         tid16 = tid[:16]
-        parent = ZERO32
+        parent, prev = ZERO32, -1
         check_tenant = not self.s.config.share_across_tenants  # shared: one key space, any tenant's blocks
         tiers = self.s.tiers
         for i, k in enumerate(keys):
             r = c.find_binary(k) if len(k) == 32 else c.find(k.hex())
             if r < 0:
                 return out, "never_stored"
+            e_ms, e_tenant = c.pairs[c.st[r]]
             if (
-                c.pos[r] != i
-                or c.parent_of(r) != parent
-                or c.scopes[c.scope[r]][:16] != ms
-                or (check_tenant and c.tenants[c.tenant[r]][:16] != tid16)
+                c.get("pos", c.pos, r) != i
+                or ((c.prow[r] != prev or (c.parent_over and r in c.parent_over)) and c.parent_of(r) != parent)
+                or e_ms[:16] != ms
+                or (check_tenant and e_tenant[:16] != tid16)
             ):
                 return out, "integrity"
             bk = c.backing[r]
             if not tiers[c.tier[r]].healthy and not (bk >= 0 and tiers[bk].healthy):
                 return out, "tier_unhealthy"
             out.append(handle(c, r))
-            parent = k
+            parent, prev = k, r
         return out, ""
 
     def unroot(self, e: Entry) -> None:

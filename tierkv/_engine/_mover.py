@@ -130,36 +130,30 @@ class Mover:
         (with ``tenant``) other tenants' blocks are passed over. Costs O(victims + passed
         over) per call, not O(tier): the ranking is kept up to date on access."""
         tier = self.s.tiers[ti]
-        cols = self.s.index.cols
+        index = self.s.index
+        cols = index.cols
         victims: list[Entry] = []
         freed = 0
 
-        def usable(r: int) -> Entry | None:
-            e = handle(cols, r)
-            if e.pins or e.moving or (tenant is not None and e.tenant[:16] != tenant):
-                return None
-            return e
+        def want(r: int) -> int | None:
+            return index.evictable(r, tenant)
 
         if self.s.sched.policy == "lru":
             for r in tier.lru.rows():
                 if freed >= need:
                     break
-                e = usable(r)
-                if e is not None:
-                    victims.append(e)
-                    freed += e.nbytes
+                size = want(r)
+                if size is not None:
+                    victims.append(handle(cols, r))
+                    freed += size
         else:
-
-            def want(r: int) -> int | None:
-                e = usable(r)
-                return None if e is None else e.nbytes
-
             for r in tier.queue.pick(want, need):
                 e = handle(cols, r)
                 victims.append(e)
                 freed += e.nbytes
         if freed < need and tier.backed:
-            for e in sorted((x for r in tier.backed.rows() if (x := usable(r)) is not None), key=lambda x: x.t_last):
+            usable = (handle(cols, r) for r in tier.backed.rows() if want(r) is not None)
+            for e in sorted(usable, key=lambda x: x.t_last):
                 if freed >= need:
                     break
                 victims.append(e)

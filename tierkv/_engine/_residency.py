@@ -17,7 +17,7 @@ May not touch: backends (no I/O), the key table, the scheduler's state.
 
 from __future__ import annotations
 
-import heapq
+from array import array
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 __all__ = ["Backed", "RankQueue", "Recency", "Tier"]
 
 _NOT_QUEUED = -2
+_FREE = -3  # a key-table slot never used
+_GONE = -4  # a key-table slot whose key left
 
 
 class Recency:
@@ -159,18 +161,21 @@ class Backed:
 
 class RankQueue:
     """A tier's serving copies ranked by quantised key (lowest leaves first; FIFO among equal
-    keys), by row: the FIFO of each key is linked through the ``qprev``/``qnext`` columns, the
-    keys with a FIFO are in a min-heap. ``set`` and ``discard`` are O(1) plus a heap push for a
-    new key value; taking the lowest is amortised O(log n). An emptied FIFO stays until its key
-    reaches the top of the heap."""
+    keys), by row: the FIFO of each key is a circular list through the ``qprev``/``qnext``
+    columns, found through a small open-addressing table key -> first row (``array`` slots),
+    and the keys that have a FIFO are in a min-heap (an ``array``). ``set`` and ``discard`` are
+    O(1) plus a heap push for a new key value; taking the lowest is amortised O(log n). An
+    emptied FIFO stays until its key reaches the top of the heap. No Python object per key."""
 
-    __slots__ = ("_c", "heads", "heap", "n", "tails")
+    __slots__ = ("_c", "_heads", "_keys", "_mask", "_used", "heap", "n")
 
     def __init__(self, c: Columns) -> None:
         self._c = c
-        self.heads: dict[int, int] = {}
-        self.tails: dict[int, int] = {}
-        self.heap: list[int] = []
+        self._keys = array("q", [0]) * 64
+        self._heads = array("i", [_FREE]) * 64  # first row of the key's FIFO; -1: empty FIFO
+        self._mask = 63
+        self._used = 0
+        self.heap = array("q")
         self.n = 0
 
     def __len__(self) -> int:
@@ -179,6 +184,47 @@ class RankQueue:
     def holds(self, row: int) -> bool:
         return self._c.qprev[row] != _NOT_QUEUED
 
+    # the key table: slot of key ``q`` (or of the free slot where it would go)
+    def _slot(self, q: int) -> int:
+        keys, heads, mask = self._keys, self._heads, self._mask
+        i = (q * 0x9E3779B97F4A7C15 >> 20) & mask
+        tomb = -1
+        while True:
+            h = heads[i]
+            if h == _FREE:
+                return i if tomb < 0 else tomb
+            if h == _GONE:
+                if tomb < 0:
+                    tomb = i
+            elif keys[i] == q:
+                return i
+            i = (i + 1) & mask
+
+    def _find(self, q: int) -> int:
+        keys, heads, mask = self._keys, self._heads, self._mask
+        i = (q * 0x9E3779B97F4A7C15 >> 20) & mask
+        while True:
+            h = heads[i]
+            if h == _FREE:
+                return -1
+            if h != _GONE and keys[i] == q:
+                return i
+            i = (i + 1) & mask
+
+    def _grow(self) -> None:
+        live = [(k, h) for k, h in zip(self._keys, self._heads, strict=True) if h not in (_FREE, _GONE)]
+        cap = self._mask + 1
+        while len(live) + 1 > 0.3 * cap:
+            cap *= 2
+        self._keys = array("q", [0]) * cap
+        self._heads = array("i", [_FREE]) * cap
+        self._mask = cap - 1
+        self._used = 0
+        for k, h in live:
+            i = self._slot(k)
+            self._keys[i], self._heads[i] = k, h
+            self._used += 1
+
     def set(self, row: int, q: int) -> None:
         c = self._c
         if c.qprev[row] != _NOT_QUEUED:
@@ -186,17 +232,26 @@ class RankQueue:
                 return
             self.discard(row)
         c.qkey[row] = q
-        c.qnext[row] = -1
-        tail = self.tails.get(q)
-        if tail is None or tail < 0:
-            if tail is None:
-                heapq.heappush(self.heap, q)
-            self.heads[q] = row
-            c.qprev[row] = -1
+        i = self._find(q)
+        if i < 0:
+            if self._used + 1 > 0.6 * (self._mask + 1):
+                self._grow()
+            i = self._slot(q)
+            if self._heads[i] == _FREE:
+                self._used += 1
+            self._keys[i] = q
+            self._heads[i] = -1
+            _heappush(self.heap, q)
+        h = self._heads[i]
+        if h < 0:
+            self._heads[i] = row
+            c.qprev[row] = c.qnext[row] = row
         else:
-            c.qnext[tail] = row
-            c.qprev[row] = tail
-        self.tails[q] = row
+            t = c.qprev[h]
+            c.qnext[t] = row
+            c.qprev[row] = t
+            c.qnext[row] = h
+            c.qprev[h] = row
         self.n += 1
 
     def discard(self, row: int) -> None:
@@ -204,15 +259,15 @@ class RankQueue:
         p = c.qprev[row]
         if p == _NOT_QUEUED:
             return
-        q, nx = c.qkey[row], c.qnext[row]
-        if p >= 0:
+        nx = c.qnext[row]
+        i = self._find(c.qkey[row])
+        if nx == row:
+            self._heads[i] = -1
+        else:
             c.qnext[p] = nx
-        else:
-            self.heads[q] = nx
-        if nx >= 0:
             c.qprev[nx] = p
-        else:
-            self.tails[q] = p
+            if self._heads[i] == row:
+                self._heads[i] = nx
         c.qprev[row] = _NOT_QUEUED
         self.n -= 1
 
@@ -223,13 +278,14 @@ class RankQueue:
         out: list[tuple[int, int]] = []
         skipped: list[tuple[int, int]] = []
         freed = 0
-        heads, heap = self.heads, self.heap
+        heap = self.heap
         while freed < need and self.n:
             qv = heap[0]
-            row = heads[qv]
+            i = self._find(qv)
+            row = self._heads[i]
             if row < 0:
-                del heads[qv], self.tails[qv]
-                heapq.heappop(heap)
+                self._heads[i] = _GONE
+                _heappop(heap)
                 continue
             self.discard(row)
             size = want(row)
@@ -241,6 +297,40 @@ class RankQueue:
         for row, q in (*skipped, *out):  # restored: a victim leaves when it is really moved or dropped
             self.set(row, q)
         return [row for row, _ in out]
+
+
+def _heappush(heap: array[int], v: int) -> None:
+    heap.append(v)
+    i = len(heap) - 1
+    while i:
+        parent = (i - 1) >> 1
+        pv = heap[parent]
+        if pv <= v:
+            break
+        heap[i] = pv
+        i = parent
+    heap[i] = v
+
+
+def _heappop(heap: array[int]) -> None:
+    """Drop the smallest value."""
+    last = heap.pop()
+    n = len(heap)
+    if not n:
+        return
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= n:
+            break
+        if child + 1 < n and heap[child + 1] < heap[child]:
+            child += 1
+        cv = heap[child]
+        if cv >= last:
+            break
+        heap[i] = cv
+        i = child
+    heap[i] = last
 
 
 _UNBOUND = Columns()
