@@ -187,7 +187,7 @@ class RankQueue:
     # the key table: slot of key ``q`` (or of the free slot where it would go)
     def _slot(self, q: int) -> int:
         keys, heads, mask = self._keys, self._heads, self._mask
-        i = (q * 0x9E3779B97F4A7C15 >> 20) & mask
+        i = q & mask  # keys are integers in a window: consecutive ones take consecutive slots
         tomb = -1
         while True:
             h = heads[i]
@@ -202,7 +202,7 @@ class RankQueue:
 
     def _find(self, q: int) -> int:
         keys, heads, mask = self._keys, self._heads, self._mask
-        i = (q * 0x9E3779B97F4A7C15 >> 20) & mask
+        i = q & mask  # keys are integers in a window: consecutive ones take consecutive slots
         while True:
             h = heads[i]
             if h == _FREE:
@@ -287,7 +287,17 @@ class RankQueue:
                 self._heads[i] = _GONE
                 _heappop(heap)
                 continue
-            self.discard(row)
+            c = self._c
+            nx = c.qnext[row]  # ``row`` leaves the head of its FIFO (as ``discard`` would)
+            if nx == row:
+                self._heads[i] = -1
+            else:
+                p = c.qprev[row]
+                c.qnext[p] = nx
+                c.qprev[nx] = p
+                self._heads[i] = nx
+            c.qprev[row] = _NOT_QUEUED
+            self.n -= 1
             size = want(row)
             if size is None:
                 skipped.append((row, qv))
