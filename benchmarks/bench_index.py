@@ -1,6 +1,7 @@
 """Index metadata bytes per block and eviction cost per victim at 10k, 100k and 1M blocks.
 
-A component benchmark of the engine's index (``tierkv/_engine/_index.py``) and victim
+A component benchmark of the engine's index (``tierkv/_engine/_index.py`` over its columns,
+``_columns.py``, and the tiers' residency, ``_residency.py``) and victim
 selection (``Mover.pick_victims``), measured on a real ``TierKV``'s own structures: N
 entries are indexed and placed on its DRAM tier as ``put`` does (``Entry``, ``Index.adopt``,
 ``Mover.rank_of``, ``Tier.place``), without writing block bytes (the backend is not
