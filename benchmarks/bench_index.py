@@ -1,10 +1,13 @@
 """Index metadata bytes per block and eviction cost per victim at 10k, 100k and 1M blocks.
 
-A component benchmark of the engine's index (``tierkv/_engine/_index.py``) and victim
+A component benchmark of the engine's index (``tierkv/_engine/_index.py`` over its columns,
+``_columns.py``, and the tiers' residency, ``_residency.py``) and victim
 selection (``Mover.pick_victims``), measured on a real ``TierKV``'s own structures: N
-entries are indexed and placed on its DRAM tier as ``put`` does (an ``Entry``, the index
-dict, the tier's recency list and rank queue, the per-tenant charge), without writing
-block bytes (the backend is not involved: this measures the metadata, not the data path).
+entries are indexed and placed on its DRAM tier as ``put`` does (``Entry``, ``Index.adopt``,
+``Mover.rank_of``, ``Tier.place``), without writing block bytes (the backend is not
+involved: this measures the metadata, not the data path). Each block has its own key, tag,
+parent and CRC, as ``put`` gives them: sequences of 64 blocks chained by parent key, with
+a root per sequence.
 
 * bytes/block: ``tracemalloc`` growth while indexing N blocks, divided by N (target
   <= 200 B/block at 1M);
@@ -19,10 +22,12 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import json
 import statistics
 import time
 import tracemalloc
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +36,8 @@ import anyio
 from tierkv import TierKV
 from tierkv._engine._index import Entry
 from tierkv._engine._tags import ZERO16, ZERO32, pack_tag
+
+SEQ = 64  # blocks per sequence
 
 HF = json.loads((Path(__file__).resolve().parents[1] / "tests/data/hf_configs/smollm2-135m-instruct.json").read_text())
 
@@ -50,15 +57,22 @@ def fill(kv: TierKV, n: int) -> None:
     s = kv._s
     ms = s.model_scope
     tier = s.tiers[0]
-    tag = pack_tag(ms, ZERO16, ZERO32, 0, 0, s.block_nbytes, b"")
+    nb = s.block_nbytes
+    parent, root = ZERO32, b""
     for i in range(n):
-        key = f"{i:064x}"
-        e = Entry(key, 0, s.block_nbytes, tag, ms, ZERO16, ZERO32, 0, 0)
+        pos = i % SEQ
+        if pos == 0:
+            parent, root = ZERO32, hashlib.sha256(b"root%d" % i).digest()[:8]
+        kb = hashlib.sha256(b"block%d" % i).digest()
+        crc = zlib.crc32(kb)
+        tag = pack_tag(ms, ZERO16, parent, pos, crc, nb, root)
+        e = Entry(kb.hex(), 0, nb, tag, ms, ZERO16, parent, pos, crc)
         e.t_last = float(i)
         e.cell = i % 7
-        s.index.adopt(e, b"")
+        s.index.adopt(e, root)
         e.rank = s.mover.rank_of(e)
         tier.place(e)
+        parent = kb
 
 
 async def measure(n: int, policy: str, reps: int) -> tuple[float, float]:

@@ -1,11 +1,11 @@
-"""The index: one :class:`Entry` per stored block, per-tier residency, the one pin helper.
+"""The index: the entries of one store (key -> :class:`Entry`), the prefix walk, the one pin helper.
 
-Owns: the entries (key -> :class:`Entry`), each tier's residency sets (``Tier.lru`` for
-serving copies, ``Tier.backed`` for durable-only copies, with per-tenant byte counts
-kept exact by :meth:`Tier.place` / :meth:`Tier.back` and their inverses), the prefix
-walk, the first-block roots behind miss reasons, :meth:`Index.pinned`, and the
-invariant check. Everything here is synchronous: an index mutation never awaits, so it
-is atomic on the event loop and cannot be cancelled half-way.
+Owns: :class:`Entries` (``Index.entries``, the mapping view of the indexed blocks by hex key,
+kept in :class:`~._columns.Columns`: one row per block, no Python object per block), adopting
+and removing entries (with their tiers' residency, :mod:`._residency`), the prefix walk, the
+first-block roots behind miss reasons, :meth:`Index.pinned`, and the invariant check.
+Everything here is synchronous: an index mutation never awaits, so it is atomic on the event
+loop and cannot be cancelled half-way.
 
 May not touch: backends (no I/O), the scheduler's state, telemetry.
 """
@@ -13,23 +13,20 @@ May not touch: backends (no I/O), the scheduler's state, telemetry.
 from __future__ import annotations
 
 import contextlib
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
-import anyio
 import numpy as np
 
-from ..backend import Backend
-from ..codecs import TierCodec
-from ..scheduler import CircuitBreaker
-from ..scheduler._buckets import RankQueue
+from ._columns import Columns
+from ._entry import Entry, attach, detach, handle
+from ._residency import Tier
 from ._tags import ZERO32, root_of, unpack_tag
 
 if TYPE_CHECKING:
     from ._store import Store
 
-__all__ = ["Entry", "Index", "Tier", "pbin"]
+__all__ = ["Entries", "Entry", "Index", "Tier", "pbin"]
 
 
 def pbin(p: float) -> str:
@@ -37,180 +34,71 @@ def pbin(p: float) -> str:
     return f"{min(int(p * 10), 9) / 10:.1f}"
 
 
-class Entry:
-    """Index record of one block. ``tier`` serves reads; ``backing`` is the
-    persistent tier holding a durable copy (-1: none; equal to ``tier`` when
-    the serving tier is itself persistent). ``bid``, ``cell``, ``count``,
-    ``children`` (prefix fanout) and ``t_last`` feed the predictor."""
+class Entries:
+    """The indexed blocks by hex key: ``get``, ``[]``, ``in``, ``del``, ``len`` and iteration
+    (``keys``/``values``/``items``, in adoption order, as a dict's). While any code holds the
+    entry of a block, every lookup of that block returns that same object. ``del`` takes the
+    block out of the index and its tiers' residency (as :meth:`Index.remove`, without touching
+    its parent's fanout or the roots)."""
 
-    __slots__ = (
-        "backing",
-        "bid",
-        "cell",
-        "children",
-        "count",
-        "crc",
-        "exact",
-        "key",
-        "label",
-        "model_scope",
-        "moving",
-        "nbytes",
-        "p_pred",
-        "parent",
-        "pins",
-        "pos",
-        "rank",
-        "t_last",
-        "tag",
-        "tenant",
-        "tier",
-    )
+    __slots__ = ("_c", "_ix")
 
-    def __init__(
-        self,
-        key: str,
-        tier: int,
-        nbytes: int,
-        tag: bytes,
-        model_scope: bytes,
-        tenant: bytes,
-        parent: bytes,
-        pos: int,
-        crc: int,
-    ) -> None:
-        self.key = key
-        self.tier = tier
-        self.nbytes = nbytes
-        self.tag = tag
-        self.model_scope = model_scope
-        self.tenant = tenant
-        self.parent = parent
-        self.pos = pos
-        self.crc = crc
-        self.pins = 0
-        self.backing = -1
-        self.bid = 0
-        self.cell = 0
-        self.count = 0
-        self.children = 0
-        self.t_last = 0.0
-        #: quantised eviction key (the mover's ``rank_of``), kept in its tier's ``queue``
-        self.rank = 0
-        self.label: int | None = None
-        self.p_pred = 0.0
-        #: the raw bytes on exact tiers (checked against ``crc``) are the original bits; False once
-        #: they were rebuilt from a lossy copy. Copies on lossy tiers are guarded by their codec's CRC.
-        self.exact = True
-        self.moving = False  # a relocation (move, promotion, demotion) holds it
+    def __init__(self, ix: Index) -> None:
+        self._ix = ix
+        self._c = ix.cols
 
+    @overload
+    def get(self, key: str) -> Entry | None: ...
+    @overload
+    def get(self, key: str, default: Entry) -> Entry: ...
+    def get(self, key: str, default: Entry | None = None) -> Entry | None:
+        r = self._c.find(key)
+        return default if r < 0 else handle(self._c, r)
 
-class Tier:
-    __slots__ = (
-        "_charged",
-        "backed",
-        "backend",
-        "breaker",
-        "bytes_in",
-        "bytes_out",
-        "codec",
-        "config_name",
-        "demotions",
-        "high",
-        "hits",
-        "kind",
-        "limiter",
-        "low",
-        "lru",
-        "misses",
-        "name",
-        "promotions",
-        "queue",
-        "ranked",
-        "room_lock",
-        "tenant_bytes",
-    )
+    def __getitem__(self, key: str) -> Entry:
+        r = self._c.find(key)
+        if r < 0:
+            raise KeyError(key)
+        return handle(self._c, r)
 
-    def __init__(
-        self,
-        name: str,
-        config_name: str,
-        backend: Backend,
-        high: float,
-        low: float,
-        breaker: CircuitBreaker,
-        transfers: int,
-    ) -> None:
-        self.name = name
-        self.config_name = config_name
-        self.backend = backend
-        self.kind = str(backend.capabilities.tier_kind.value)
-        self.high = high
-        self.low = low
-        self.lru: OrderedDict[str, None] = OrderedDict()
-        #: serving copies ranked by their entries' eviction keys (the predictive order; kept
-        #: only when ``ranked``: under the LRU policy ``lru`` is the order)
-        self.queue: RankQueue[str] = RankQueue()
-        self.ranked = True
-        #: keys whose *durable copy* (not their serving copy) is on this tier
-        self.backed: set[str] = set()
-        self.hits = self.misses = self.bytes_in = self.bytes_out = 0
-        self.promotions = self.demotions = 0
-        self.breaker = breaker
-        self.limiter = anyio.CapacityLimiter(transfers)
-        self.codec: TierCodec | None = None
-        #: writers that must make room on this tier queue here (see TierKV._allocate_with_room)
-        self.room_lock = anyio.Lock()
-        #: logical bytes each tenant's copies hold on this tier (serving and durable copies)
-        self.tenant_bytes: dict[bytes, int] = {}
-        self._charged: dict[tuple[str, bool], tuple[bytes, int]] = {}
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._c.find(key) >= 0
 
-    # Residency: the only mutators of ``lru`` (serving copies) and ``backed`` (durable-only
-    # copies); they keep ``tenant_bytes`` exact for the quotas.
-    def place(self, e: Entry) -> None:
-        """``e`` is served from this tier (most recently used, ranked by ``e.rank``)."""
-        self.lru[e.key] = None
-        if self.ranked:
-            self.queue.set(e.key, e.rank)
-        self._charge(e, False)
+    def __len__(self) -> int:
+        return self._c.live
 
-    def unplace(self, key: str) -> None:
-        if key in self.lru:
-            del self.lru[key]
-            self.queue.discard(key)
-            self._refund(key, False)
+    def __bool__(self) -> bool:
+        return self._c.live > 0
 
-    def back(self, e: Entry) -> None:
-        """This tier holds ``e``'s durable copy (served elsewhere)."""
-        self.backed.add(e.key)
-        self._charge(e, True)
+    def __delitem__(self, key: str) -> None:
+        r = self._c.find(key)
+        if r < 0:
+            raise KeyError(key)
+        self._ix.free(handle(self._c, r))
 
-    def unback(self, key: str) -> None:
-        if key in self.backed:
-            self.backed.discard(key)
-            self._refund(key, True)
+    def _rows(self) -> Iterator[int]:
+        c = self._c
+        rows = c.indexed_rows()
+        bids = np.frombuffer(c.bid, dtype=np.int64)[rows].tolist() if len(rows) else []
+        bid = c.bid
+        for r, b in zip(rows.tolist(), bids, strict=True):
+            if bid[r] == b:  # still the block that was indexed there
+                yield r
 
-    def _charge(self, e: Entry, backed: bool) -> None:
-        k = (e.key, backed)
-        if k not in self._charged:
-            tid = e.tenant[:16]
-            self._charged[k] = (tid, e.nbytes)
-            self.tenant_bytes[tid] = self.tenant_bytes.get(tid, 0) + e.nbytes
+    def __iter__(self) -> Iterator[str]:
+        return self.keys()
 
-    def _refund(self, key: str, backed: bool) -> None:
-        got = self._charged.pop((key, backed), None)
-        if got is not None:
-            tid, n = got
-            left = self.tenant_bytes.get(tid, 0) - n
-            if left > 0:
-                self.tenant_bytes[tid] = left
-            else:
-                self.tenant_bytes.pop(tid, None)
+    def keys(self) -> Iterator[str]:
+        key_of = self._c.key_of
+        return (key_of(r) for r in self._rows())
 
-    @property
-    def healthy(self) -> bool:
-        """Closed circuit breaker: the tier takes part in placement and serves reads."""
-        return self.breaker.healthy
+    def values(self) -> Iterator[Entry]:
+        c = self._c
+        return (handle(c, r) for r in self._rows())
+
+    def items(self) -> Iterator[tuple[str, Entry]]:
+        c = self._c
+        return ((e.key, e) for e in (handle(c, r) for r in self._rows()))
 
 
 class Index:
@@ -218,36 +106,76 @@ class Index:
 
     def __init__(self, s: Store) -> None:
         self.s = s
-        self.entries: dict[str, Entry] = {}
+        self.cols = Columns()
+        for ti, t in enumerate(s.tiers):
+            t.bind(self.cols, ti)
+        self.cols.tiers = list(s.tiers)
+        self.entries = Entries(self)
         self.next_bid = 0
         #: (tenant, root) -> blocks at position 0 with that root: tells a tenant's own
         #: ``different_scope`` miss from ``never_stored``; ``roots_any`` is the operator's view
         self.roots: dict[tuple[bytes, bytes], int] = {}
         self.roots_any: dict[bytes, int] = {}
 
+    def owns(self, e: Entry) -> bool:
+        """Whether ``e`` is the indexed entry of its block (``entries.get(e.key) is e``)."""
+        return e.row >= 0 and e._c is self.cols
+
+    def _parent_row(self, parent: bytes) -> int:
+        c = self.cols
+        return c.find_binary(parent) if len(parent) == 32 else c.find(parent.hex())
+
     def remove(self, e: Entry) -> bool:
         """Take ``e`` out of the index and its tiers' residency; False if it was not there."""
-        if self.entries.get(e.key) is not e:
+        if not self.owns(e):
             return False
-        del self.entries[e.key]
-        parent = self.entries.get(e.parent.hex()) if e.pos else None
-        if parent is not None and parent.children > 0:
-            parent.children -= 1
+        c, r = self.cols, e.row
+        c.delete(r)
+        if e.pos:
+            pr = self._parent_row(e.parent)
+            if pr >= 0 and c.children[pr] > 0:
+                c.children[pr] -= 1
         if e.pos == 0:
             self.unroot(e)
-        self.s.tiers[e.tier].unplace(e.key)
+        self.s.tiers[e.tier].unplace(e)
         if e.backing >= 0:
-            self.s.tiers[e.backing].unback(e.key)
+            self.s.tiers[e.backing].unback(e)
+        self._release(e)
         return True
+
+    def free(self, e: Entry) -> None:
+        """Take indexed ``e`` out of the key table and every tier's residency (``del entries[k]``)."""
+        self.cols.delete(e.row)
+        self._release(e)
+
+    def _release(self, e: Entry) -> None:
+        """Free ``e``'s row (out of the key table): unlinked from any residency left, its
+        handle detached."""
+        c, r = self.cols, e.row
+        if c.lt[r] >= 0:
+            c.tiers[c.lt[r]].unplace(e)
+        for t in c.tiers:
+            if t.backed.has(r):
+                t.unback(e)
+        detach(c, r)
+        c.release(r)
 
     def adopt(self, e: Entry, root: bytes) -> None:
         """Insert a new entry into the index (under the lock, or before serving)."""
+        c = self.cols
+        if not self.owns(e):  # (an entry adopted again keeps its row, as a dict keeps it)
+            old = c.find(e.key)
+            if old >= 0:  # another entry under this key: replaced (its residency with it)
+                self.free(handle(c, old))
+            row = c.take(e.key)
+            c.insert(e.key, row)
+            attach(c, e, row)
         e.bid = self.next_bid
         self.next_bid += 1
-        self.entries[e.key] = e
-        parent = self.entries.get(e.parent.hex()) if e.pos else None
-        if parent is not None:
-            parent.children += 1
+        if e.pos:
+            pr = self._parent_row(e.parent)
+            if pr >= 0:
+                c.children[pr] += 1
         if not root and e.pos == 0:
             parsed = unpack_tag(e.tag)
             root = parsed[6] if parsed is not None else b""
@@ -256,13 +184,24 @@ class Index:
             self.roots[rk] = self.roots.get(rk, 0) + 1
             self.roots_any[root[:8]] = self.roots_any.get(root[:8], 0) + 1
 
+    def evictable(self, row: int, tenant: bytes | None) -> int | None:
+        """The size of indexed ``row``'s block if it may be chosen as a victim now (not pinned,
+        not being relocated, and ``tenant``'s when given), else None."""
+        c = self.cols
+        if c.pins[row] or c.moving[row] or (tenant is not None and c.pairs[c.st[row]][1][:16] != tenant):
+            return None
+        return c.get("nbytes", c.nbytes, row)
+
     def touch(self, e: Entry) -> None:
         """``e`` was accessed: most recently used on its serving tier, ranked by ``e.rank``."""
+        r = e.row
+        if r < 0:
+            return
         t = self.s.tiers[e.tier]
-        if e.key in t.lru:
-            t.lru.move_to_end(e.key)
+        if t.lru.has(r):
+            t.lru.move_to_end(r)
             if t.ranked:
-                t.queue.set(e.key, e.rank)
+                t.queue.set(r, e.rank)
 
     @contextlib.contextmanager
     def pinned(self, entries: Sequence[Entry]) -> Iterator[None]:
@@ -285,7 +224,7 @@ class Index:
         """Point the durable copy of ``e`` at tier ``ti`` (-1: none), keeping each
         tier's set of backing-only copies exact (call under the lock)."""
         if e.backing >= 0 and e.backing != e.tier:
-            self.s.tiers[e.backing].unback(e.key)
+            self.s.tiers[e.backing].unback(e)
         e.backing = ti
         if ti >= 0 and ti != e.tier:
             self.s.tiers[ti].back(e)
@@ -297,24 +236,29 @@ class Index:
         model scope, tenant): an entry whose tag names another place (a record renamed or
         forged on a shared medium) ends the prefix as ``integrity`` and is never served."""
         out: list[Entry] = []
+        c = self.cols
         ms = self.s.model_scope[:16]
-        parent = ZERO32
+        tid16 = tid[:16]
+        parent, prev = ZERO32, -1
         check_tenant = not self.s.config.share_across_tenants  # shared: one key space, any tenant's blocks
+        tiers = self.s.tiers
         for i, k in enumerate(keys):
-            e = self.entries.get(k.hex())
-            if e is None:
+            r = c.find_binary(k) if len(k) == 32 else c.find(k.hex())
+            if r < 0:
                 return out, "never_stored"
+            e_ms, e_tenant = c.pairs[c.st[r]]
             if (
-                e.pos != i
-                or e.parent != parent
-                or e.model_scope[:16] != ms
-                or (check_tenant and e.tenant[:16] != tid[:16])
+                c.get("pos", c.pos, r) != i
+                or ((c.prow[r] != prev or (c.parent_over and r in c.parent_over)) and c.parent_of(r) != parent)
+                or e_ms[:16] != ms
+                or (check_tenant and e_tenant[:16] != tid16)
             ):
                 return out, "integrity"
-            if not self.s.tiers[e.tier].healthy and not (e.backing >= 0 and self.s.tiers[e.backing].healthy):
+            bk = c.backing[r]
+            if not tiers[c.tier[r]].healthy and not (bk >= 0 and tiers[bk].healthy):
                 return out, "tier_unhealthy"
-            out.append(e)
-            parent = k
+            out.append(handle(c, r))
+            parent, prev = k, r
         return out, ""
 
     def unroot(self, e: Entry) -> None:

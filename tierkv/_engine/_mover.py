@@ -28,6 +28,7 @@ from ..errors import (
     IntegrityError,
 )
 from ..scheduler._buckets import quantize
+from ._entry import handle
 from ._index import Entry, pbin
 from ._tags import checked_tag, checksum, retag, tag_exact, unpack_tag
 
@@ -118,8 +119,8 @@ class Mover:
         for e in self.s.index.entries.values():
             e.rank = self.rank_of(e)
             t = self.s.tiers[e.tier]
-            if e.key in t.queue:
-                t.queue.set(e.key, e.rank)
+            if t.queue.holds(e.row) and t.lru.has(e.row):
+                t.queue.set(e.row, e.rank)
 
     def pick_victims(self, ti: int, need: int, tenant: bytes | None = None) -> list[Entry]:
         """Tier ``ti``'s blocks that should leave it first, until ``need`` bytes: the least
@@ -128,35 +129,30 @@ class Mover:
         (with ``tenant``) other tenants' blocks are passed over. Costs O(victims + passed
         over) per call, not O(tier): the ranking is kept up to date on access."""
         tier = self.s.tiers[ti]
-        index = self.s.index.entries
+        index = self.s.index
+        cols = index.cols
         victims: list[Entry] = []
         freed = 0
 
-        def usable(k: str) -> Entry | None:
-            e = index.get(k)
-            if e is None or e.pins or e.moving or (tenant is not None and e.tenant[:16] != tenant):
-                return None
-            return e
+        def want(r: int) -> int | None:
+            return index.evictable(r, tenant)
 
         if self.s.sched.policy == "lru":
-            for k in tier.lru:
+            for r in tier.lru.rows():
                 if freed >= need:
                     break
-                e = usable(k)
-                if e is not None:
-                    victims.append(e)
-                    freed += e.nbytes
+                size = want(r)
+                if size is not None:
+                    victims.append(handle(cols, r))
+                    freed += size
         else:
-
-            def want(k: str) -> int | None:
-                e = usable(k)
-                return None if e is None else e.nbytes
-
-            for k in tier.queue.pick(want, need):
-                victims.append(index[k])
-                freed += index[k].nbytes
+            for r in tier.queue.pick(want, need):
+                e = handle(cols, r)
+                victims.append(e)
+                freed += e.nbytes
         if freed < need and tier.backed:
-            for e in sorted((x for k in tier.backed if (x := usable(k)) is not None), key=lambda x: x.t_last):
+            usable = (handle(cols, r) for r in tier.backed.rows() if want(r) is not None)
+            for e in sorted(usable, key=lambda x: x.t_last):
                 if freed >= need:
                     break
                 victims.append(e)
@@ -310,7 +306,7 @@ class Mover:
         if self.s.index.entries.get(e.key) is not e:
             await self.s.drop_copy(dst, e.key)  # dropped meanwhile: nothing to move any more
             return True
-        s.unplace(e.key)
+        s.unplace(e)
         e.tier = dst
         if e.backing == src or (e.backing < 0 and d.backend.capabilities.persistent):
             self.s.index.set_backing(e, dst if d.backend.capabilities.persistent else -1)
@@ -352,9 +348,9 @@ class Mover:
         block being relocated by another task is left to that task."""
         if self.s.index.entries.get(e.key) is not e or e.tier == ti or (not claimed and e.moving):
             return
-        self.s.tiers[e.tier].unplace(e.key)
+        self.s.tiers[e.tier].unplace(e)
         if ti >= 0:
-            self.s.tiers[ti].unback(e.key)
+            self.s.tiers[ti].unback(e)
         e.tier = ti
         self.s.tiers[ti].place(e)
 
@@ -379,16 +375,7 @@ class Mover:
 
     async def forget(self, e: Entry, reason: str | None) -> None:
         """Remove ``e`` from the index (its copies are the caller's business)."""
-        if self.s.index.entries.get(e.key) is e:
-            del self.s.index.entries[e.key]
-            parent = self.s.index.entries.get(e.parent.hex()) if e.pos else None
-            if parent is not None and parent.children > 0:
-                parent.children -= 1
-            if e.pos == 0:
-                self.s.index.unroot(e)
-            self.s.tiers[e.tier].unplace(e.key)
-            if e.backing >= 0:
-                self.s.tiers[e.backing].unback(e.key)
+        self.s.index.remove(e)
         self.prefetch_wasted(e)
         if e.count and self.s.tel.enabled and self.s.sched.now() - e.t_last <= self.s.sched.predictor.horizon:
             pass  # outcome still open: it may yet be reused elsewhere; not counted
@@ -450,7 +437,7 @@ class Mover:
                 await self.s.drop_copy(dst, e.key)
                 return False
             self.commit_copy_bytes(e, tag)
-            self.s.tiers[src].unplace(e.key)
+            self.s.tiers[src].unplace(e)
             e.tier = dst
             self.s.tiers[dst].place(e)
             self.s.tiers[dst].promotions += 1

@@ -1,0 +1,87 @@
+"""The columnar index: entry identity, detaching, row reuse, parent keys, derived tags, growth."""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+from pathlib import Path
+
+import pytest
+from kvtest import config
+
+from tierkv import TierKV
+from tierkv._engine._index import Entry
+from tierkv._engine._tags import ZERO16, ZERO32, pack_tag
+
+pytestmark = pytest.mark.anyio
+
+
+def _key(i: int) -> bytes:
+    return hashlib.sha256(b"k%d" % i).digest()
+
+
+def _entry(kv: TierKV, i: int, parent: bytes, pos: int, *, exact: bool = True) -> Entry:
+    s = kv._s
+    kb = _key(i)
+    tag = pack_tag(s.model_scope, ZERO16, parent, pos, i, 100, b"r" * 8, exact=exact)
+    return Entry(kb.hex(), 0, 100, tag, s.model_scope, ZERO16, parent, pos, i)
+
+
+async def test_identity_detach_and_row_reuse(tmp_path: Path) -> None:
+    async with await TierKV.open(config(tmp_path)) as kv:
+        ix, t = kv._s.index, kv._s.tiers[0]
+        a = _entry(kv, 1, ZERO32, 0)
+        tag = a.tag
+        ix.adopt(a, b"")
+        t.place(a)
+        assert ix.entries.get(a.key) is a and ix.entries[a.key] is a and a.key in t.lru
+        assert a.tag == tag and a.parent == ZERO32 and a.pos == 0 and a.crc == 1
+        a.pins += 1
+        assert ix.entries[a.key].pins == 1
+        assert ix.remove(a) and a.key not in ix.entries and a.key not in t.lru
+        assert a.pins == 1 and a.tag == tag  # detached: it keeps its fields
+        b = _entry(kv, 1, ZERO32, 0)  # the same key put again: another entry (the row is reused)
+        ix.adopt(b, b"")
+        t.place(b)
+        a.pins -= 1
+        assert ix.entries[b.key] is b and b is not a and b.pins == 0 and a.pins == 0
+        assert not ix.remove(a) and ix.entries.get(b.key) is b
+        ix.remove(b)
+        assert len(ix.entries) == 0 and not t.lru and t.tenant_bytes == {}
+
+
+async def test_parents_iteration_order_growth_and_tags(tmp_path: Path) -> None:
+    async with await TierKV.open(config(tmp_path)) as kv:
+        ix, t = kv._s.index, kv._s.tiers[0]
+        n = 5000  # past several rehashes of the key table
+        parent = ZERO32
+        for i in range(n):
+            e = _entry(kv, i, parent, i % 50, exact=i % 3 != 0)
+            if i % 50 == 0:
+                e = _entry(kv, i, ZERO32, 0)
+            ix.adopt(e, b"")
+            t.place(e)
+            parent = _key(i)
+        del e
+        gc.collect()
+        assert len(ix.entries) == n and list(ix.entries) == [_key(i).hex() for i in range(n)]
+        assert [k for k in t.lru] == [_key(i).hex() for i in range(n)]
+        for i in (1, 49, 50, 51, 4999):
+            e = ix.entries[_key(i).hex()]
+            p = ZERO32 if i % 50 == 0 else _key(i - 1)
+            assert e.parent == p and e.pos == i % 50
+            assert e.tag == pack_tag(
+                kv._s.model_scope, ZERO16, p, i % 50, i, 100, b"r" * 8, exact=i % 3 != 0 or i % 50 == 0
+            )
+        # a parent that leaves the index still names its children's parent key
+        p = ix.entries[_key(10).hex()]
+        ix.remove(p)
+        assert ix.entries[_key(11).hex()].parent == _key(10)
+        chain = [_key(i) for i in range(10)]
+        found, reason = ix.walk(chain, ZERO16)
+        assert len(found) == 10 and reason == ""
+        assert ix.walk([*chain, _key(10)], ZERO16)[1] == "never_stored"
+        for k in list(ix.entries):
+            ix.remove(ix.entries[k])
+        assert len(ix.entries) == 0 and not t.lru and not ix.cols.orphans
+        assert sorted(ix.cols.free) == list(range(ix.cols.rows))

@@ -1,0 +1,484 @@
+"""Tiers and their residency: which indexed rows each tier serves or holds a durable copy of.
+
+Owns: :class:`Tier` (backend, breaker, codec, counters, watermarks) and its residency, kept by
+row in :class:`~._columns.Columns`: ``Tier.lru``, the recency order of the serving copies (an
+intrusive doubly linked list through the ``lprev``/``lnext`` columns; a row is served by one
+tier), ``Tier.backed``, the durable-only copies (the ``bt`` column), ``Tier.queue``, the
+serving copies ranked by quantised eviction key (the predictive order: FIFOs per key linked
+through the ``qprev``/``qnext`` columns, a min-heap of the keys), and ``Tier.tenant_bytes``,
+the per-tenant byte counts kept exact by :meth:`Tier.place` / :meth:`Tier.back` and their
+inverses (refunded from the entry's own tenant and size: no per-block charge record).
+
+``lru`` and ``backed`` are views: ``in`` (a hex key), iteration (hex keys; ``lru`` in recency
+order, least recent first, and reversed), ``len``. Everything here is synchronous.
+
+May not touch: backends (no I/O), the key table, the scheduler's state.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+import anyio
+import numpy as np
+
+from ..backend import Backend
+from ..codecs import TierCodec
+from ..scheduler import CircuitBreaker
+from ._columns import Columns
+
+if TYPE_CHECKING:
+    from ._entry import Entry
+
+__all__ = ["Backed", "RankQueue", "Recency", "Tier"]
+
+_NOT_QUEUED = -2
+_FREE = -3  # a key-table slot never used
+_GONE = -4  # a key-table slot whose key left
+
+
+class Recency:
+    """A tier's serving copies, least recently used first (the ``lprev``/``lnext`` list)."""
+
+    __slots__ = ("_c", "_ti", "head", "n", "tail", "ver")
+
+    def __init__(self, c: Columns, ti: int) -> None:
+        self._c, self._ti = c, ti
+        self.head = self.tail = -1
+        self.n = 0
+        self.ver = 0  # bumped by every change (an iteration that sees one raises, as a dict's does)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __bool__(self) -> bool:
+        return self.n > 0
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str):
+            return False
+        r = self._c.find(key)
+        return r >= 0 and self._c.lt[r] == self._ti
+
+    def has(self, row: int) -> bool:
+        return self._c.lt[row] == self._ti
+
+    def rows(self, *, reverse: bool = False) -> Iterator[int]:
+        c, ver = self._c, self.ver
+        step = c.lprev if reverse else c.lnext
+        r = self.tail if reverse else self.head
+        while r >= 0:
+            nxt = step[r]
+            yield r
+            if self.ver != ver:
+                raise RuntimeError("a tier's recency order changed during iteration")
+            r = nxt
+
+    def __iter__(self) -> Iterator[str]:
+        key_of = self._c.key_of
+        return (key_of(r) for r in self.rows())
+
+    def __reversed__(self) -> Iterator[str]:
+        key_of = self._c.key_of
+        return (key_of(r) for r in self.rows(reverse=True))
+
+    def link(self, row: int) -> None:
+        """Append ``row`` (in no tier's list) as the most recently used."""
+        c = self._c
+        c.lt[row] = self._ti
+        c.lprev[row] = self.tail
+        c.lnext[row] = -1
+        if self.tail >= 0:
+            c.lnext[self.tail] = row
+        else:
+            self.head = row
+        self.tail = row
+        self.n += 1
+        self.ver += 1
+
+    def unlink(self, row: int) -> None:
+        c = self._c
+        p, nx = c.lprev[row], c.lnext[row]
+        if p >= 0:
+            c.lnext[p] = nx
+        else:
+            self.head = nx
+        if nx >= 0:
+            c.lprev[nx] = p
+        else:
+            self.tail = p
+        c.lt[row] = -1
+        self.n -= 1
+        self.ver += 1
+
+    def move_to_end(self, row: int) -> None:
+        if self.tail != row:
+            self.unlink(row)
+            self.link(row)
+
+
+class Backed:
+    """A tier's durable-only copies (rows whose ``bt`` column names it; a row backed on a
+    second tier at once is kept in ``extra``)."""
+
+    __slots__ = ("_c", "_ti", "extra", "n")
+
+    def __init__(self, c: Columns, ti: int) -> None:
+        self._c, self._ti = c, ti
+        self.n = 0
+        self.extra: set[int] = set()
+
+    def __len__(self) -> int:
+        return self.n + len(self.extra)
+
+    def __bool__(self) -> bool:
+        return self.n > 0 or bool(self.extra)
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, str):
+            return False
+        r = self._c.find(key)
+        return r >= 0 and self.has(r)
+
+    def has(self, row: int) -> bool:
+        return self._c.bt[row] == self._ti or (bool(self.extra) and row in self.extra)
+
+    def rows(self) -> list[int]:
+        c = self._c
+        out: list[int] = []
+        if self.n and c.rows:
+            bt = np.frombuffer(c.bt, dtype=np.int8)[: c.rows]
+            out = np.flatnonzero(bt == self._ti).tolist()
+            del bt
+        return out + sorted(self.extra)
+
+    def __iter__(self) -> Iterator[str]:
+        key_of = self._c.key_of
+        return iter([key_of(r) for r in self.rows()])
+
+
+class RankQueue:
+    """A tier's serving copies ranked by quantised key (lowest leaves first; FIFO among equal
+    keys), by row: the FIFO of each key is a circular list through the ``qprev``/``qnext``
+    columns, found through a small open-addressing table key -> first row (``array`` slots),
+    and the keys that have a FIFO are in a min-heap (an ``array``). ``set`` and ``discard`` are
+    O(1) plus a heap push for a new key value; taking the lowest is amortised O(log n). An
+    emptied FIFO stays until its key reaches the top of the heap. No Python object per key."""
+
+    __slots__ = ("_c", "_heads", "_keys", "_mask", "_used", "heap", "n")
+
+    def __init__(self, c: Columns) -> None:
+        self._c = c
+        self._keys = array("q", [0]) * 64
+        self._heads = array("i", [_FREE]) * 64  # first row of the key's FIFO; -1: empty FIFO
+        self._mask = 63
+        self._used = 0
+        self.heap = array("q")
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def holds(self, row: int) -> bool:
+        return self._c.qprev[row] != _NOT_QUEUED
+
+    # the key table: slot of key ``q`` (or of the free slot where it would go)
+    def _slot(self, q: int) -> int:
+        keys, heads, mask = self._keys, self._heads, self._mask
+        i = q & mask  # keys are integers in a window: consecutive ones take consecutive slots
+        tomb = -1
+        while True:
+            h = heads[i]
+            if h == _FREE:
+                return i if tomb < 0 else tomb
+            if h == _GONE:
+                if tomb < 0:
+                    tomb = i
+            elif keys[i] == q:
+                return i
+            i = (i + 1) & mask
+
+    def _find(self, q: int) -> int:
+        keys, heads, mask = self._keys, self._heads, self._mask
+        i = q & mask  # keys are integers in a window: consecutive ones take consecutive slots
+        while True:
+            h = heads[i]
+            if h == _FREE:
+                return -1
+            if h != _GONE and keys[i] == q:
+                return i
+            i = (i + 1) & mask
+
+    def _grow(self) -> None:
+        live = [(k, h) for k, h in zip(self._keys, self._heads, strict=True) if h not in (_FREE, _GONE)]
+        cap = self._mask + 1
+        while len(live) + 1 > 0.3 * cap:
+            cap *= 2
+        self._keys = array("q", [0]) * cap
+        self._heads = array("i", [_FREE]) * cap
+        self._mask = cap - 1
+        self._used = 0
+        for k, h in live:
+            i = self._slot(k)
+            self._keys[i], self._heads[i] = k, h
+            self._used += 1
+
+    def set(self, row: int, q: int) -> None:
+        c = self._c
+        if c.qprev[row] != _NOT_QUEUED:
+            if c.qkey[row] == q:
+                return
+            self.discard(row)
+        c.qkey[row] = q
+        i = self._find(q)
+        if i < 0:
+            if self._used + 1 > 0.6 * (self._mask + 1):
+                self._grow()
+            i = self._slot(q)
+            if self._heads[i] == _FREE:
+                self._used += 1
+            self._keys[i] = q
+            self._heads[i] = -1
+            _heappush(self.heap, q)
+        h = self._heads[i]
+        if h < 0:
+            self._heads[i] = row
+            c.qprev[row] = c.qnext[row] = row
+        else:
+            t = c.qprev[h]
+            c.qnext[t] = row
+            c.qprev[row] = t
+            c.qnext[row] = h
+            c.qprev[h] = row
+        self.n += 1
+
+    def discard(self, row: int) -> None:
+        c = self._c
+        p = c.qprev[row]
+        if p == _NOT_QUEUED:
+            return
+        nx = c.qnext[row]
+        i = self._find(c.qkey[row])
+        if nx == row:
+            self._heads[i] = -1
+        else:
+            c.qnext[p] = nx
+            c.qprev[nx] = p
+            if self._heads[i] == row:
+                self._heads[i] = nx
+        c.qprev[row] = _NOT_QUEUED
+        self.n -= 1
+
+    def pick(self, want: Callable[[int], int | None], need: int) -> list[int]:
+        """Rows in ascending rank order for which ``want(row)`` gives a size (None: skip it,
+        e.g. pinned), until the sizes add up to ``need``; each visited row goes back to the end
+        of its key's FIFO (skipped ones first), as a re-ranked one would."""
+        out: list[tuple[int, int]] = []
+        skipped: list[tuple[int, int]] = []
+        freed = 0
+        heap = self.heap
+        while freed < need and self.n:
+            qv = heap[0]
+            i = self._find(qv)
+            row = self._heads[i]
+            if row < 0:
+                self._heads[i] = _GONE
+                _heappop(heap)
+                continue
+            c = self._c
+            nx = c.qnext[row]  # ``row`` leaves the head of its FIFO (as ``discard`` would)
+            if nx == row:
+                self._heads[i] = -1
+            else:
+                p = c.qprev[row]
+                c.qnext[p] = nx
+                c.qprev[nx] = p
+                self._heads[i] = nx
+            c.qprev[row] = _NOT_QUEUED
+            self.n -= 1
+            size = want(row)
+            if size is None:
+                skipped.append((row, qv))
+                continue
+            out.append((row, qv))
+            freed += size
+        for row, q in (*skipped, *out):  # restored: a victim leaves when it is really moved or dropped
+            self.set(row, q)
+        return [row for row, _ in out]
+
+
+def _heappush(heap: array[int], v: int) -> None:
+    heap.append(v)
+    i = len(heap) - 1
+    while i:
+        parent = (i - 1) >> 1
+        pv = heap[parent]
+        if pv <= v:
+            break
+        heap[i] = pv
+        i = parent
+    heap[i] = v
+
+
+def _heappop(heap: array[int]) -> None:
+    """Drop the smallest value."""
+    last = heap.pop()
+    n = len(heap)
+    if not n:
+        return
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= n:
+            break
+        if child + 1 < n and heap[child + 1] < heap[child]:
+            child += 1
+        cv = heap[child]
+        if cv >= last:
+            break
+        heap[i] = cv
+        i = child
+    heap[i] = last
+
+
+_UNBOUND = Columns()
+
+
+class Tier:
+    __slots__ = (
+        "_c",
+        "backed",
+        "backend",
+        "breaker",
+        "bytes_in",
+        "bytes_out",
+        "codec",
+        "config_name",
+        "demotions",
+        "high",
+        "hits",
+        "kind",
+        "limiter",
+        "low",
+        "lru",
+        "misses",
+        "name",
+        "promotions",
+        "queue",
+        "ranked",
+        "room_lock",
+        "tenant_bytes",
+        "ti",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        config_name: str,
+        backend: Backend,
+        high: float,
+        low: float,
+        breaker: CircuitBreaker,
+        transfers: int,
+    ) -> None:
+        self.name = name
+        self.config_name = config_name
+        self.backend = backend
+        self.kind = str(backend.capabilities.tier_kind.value)
+        self.high = high
+        self.low = low
+        self.ti = -1
+        self._c = _UNBOUND
+        self.lru = Recency(_UNBOUND, -1)
+        #: serving copies ranked by their entries' eviction keys (the predictive order; kept
+        #: only when ``ranked``: under the LRU policy ``lru`` is the order)
+        self.queue = RankQueue(_UNBOUND)
+        self.ranked = True
+        #: blocks whose *durable copy* (not their serving copy) is on this tier
+        self.backed = Backed(_UNBOUND, -1)
+        self.hits = self.misses = self.bytes_in = self.bytes_out = 0
+        self.promotions = self.demotions = 0
+        self.breaker = breaker
+        self.limiter = anyio.CapacityLimiter(transfers)
+        self.codec: TierCodec | None = None
+        #: writers that must make room on this tier queue here (see TierKV._allocate_with_room)
+        self.room_lock = anyio.Lock()
+        #: logical bytes each tenant's copies hold on this tier (serving and durable copies)
+        self.tenant_bytes: dict[bytes, int] = {}
+
+    def bind(self, c: Columns, ti: int) -> None:
+        """Keep this tier's residency in ``c`` as tier number ``ti`` (done once, by the index)."""
+        self._c, self.ti = c, ti
+        self.lru = Recency(c, ti)
+        self.queue = RankQueue(c)
+        self.backed = Backed(c, ti)
+
+    # Residency: the only mutators of ``lru`` (serving copies) and ``backed`` (durable-only
+    # copies); they keep ``tenant_bytes`` exact for the quotas. ``e`` must be indexed.
+    def place(self, e: Entry) -> None:
+        """``e`` is served from this tier (most recently used, ranked by ``e.rank``)."""
+        r = e.row
+        if r < 0:
+            return
+        c = self._c
+        lt = c.lt[r]
+        if lt != self.ti:
+            if lt >= 0:
+                c.tiers[lt].unplace(e)
+            self.lru.link(r)
+            self._charge(e)
+        if self.ranked:
+            self.queue.set(r, e.rank)
+
+    def unplace(self, e: Entry) -> None:
+        r = e.row
+        if r >= 0 and self._c.lt[r] == self.ti:
+            self.lru.unlink(r)
+            self.queue.discard(r)
+            self._refund(e)
+
+    def back(self, e: Entry) -> None:
+        """This tier holds ``e``'s durable copy (served elsewhere)."""
+        r = e.row
+        if r < 0 or self.backed.has(r):
+            return
+        c = self._c
+        if c.bt[r] < 0:
+            c.bt[r] = self.ti
+            self.backed.n += 1
+        else:
+            self.backed.extra.add(r)
+        self._charge(e)
+
+    def unback(self, e: Entry) -> None:
+        r = e.row
+        if r < 0:
+            return
+        c, b = self._c, self.backed
+        if c.bt[r] == self.ti:
+            c.bt[r] = -1
+            b.n -= 1
+        elif b.extra and r in b.extra:
+            b.extra.discard(r)
+        else:
+            return
+        self._refund(e)
+
+    def _charge(self, e: Entry) -> None:
+        tid = e.tenant[:16]
+        self.tenant_bytes[tid] = self.tenant_bytes.get(tid, 0) + e.nbytes
+
+    def _refund(self, e: Entry) -> None:
+        tid = e.tenant[:16]
+        left = self.tenant_bytes.get(tid, 0) - e.nbytes
+        if left > 0:
+            self.tenant_bytes[tid] = left
+        else:
+            self.tenant_bytes.pop(tid, None)
+
+    @property
+    def healthy(self) -> bool:
+        """Closed circuit breaker: the tier takes part in placement and serves reads."""
+        return self.breaker.healthy
