@@ -113,3 +113,15 @@ async def test_a_dram_only_put_hashes_nothing(tmp_path: Path, monkeypatch: pytes
     assert len(calls) == 4
     await anyio.lowlevel.checkpoint()
     assert np.all(np.asarray(calls) == BLOCK)
+
+
+async def test_the_columnar_index_derives_every_kind_of_tag(tmp_path: Path) -> None:
+    """Unchecked (DRAM), checked (durable) and CRC-32 flags are columns of the index: no tag is
+    kept as a per-block override object."""
+    async with await TierKV.open(config(tmp_path)) as kv:
+        await kv.put(list(range(2 * BT)), kv_for(2 * BT))
+        await kv.put(list(range(500, 500 + 2 * BT)), kv_for(2 * BT, seed=2), durable=True)
+        s = kv._s
+        flags = sorted(e.tag[3] for e in s.index.entries.values())
+        assert flags == [0x02, 0x02, 0x06, 0x06]  # xxh3 checked twice, xxh3 + unchecked twice
+        assert len(s.index.cols.tag_over) == 0

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ._tags import ZERO32, pack_tag, tag_exact, unpack_tag
+from ._tags import ZERO32, pack_tag_flags, tag_flags, unpack_tag
 
 if TYPE_CHECKING:
     from ._entry import Entry
@@ -53,7 +53,7 @@ _COLUMNS: tuple[tuple[str, str, int | float], ...] = (
     ("pins", "i", 0),
     ("moving", "b", 0),
     ("exact", "b", 1),
-    ("tinx", "b", 0),  # the tag's "inexact" flag (the tag is derived, see Columns.tag)
+    ("tinx", "B", 2),  # the tag's flags byte (inexact, xxh3, unchecked; the tag is derived, see Columns.tag)
     ("nbytes", "I", 0),
     ("pos", "I", 0),
     ("crc", "I", 0),
@@ -284,7 +284,7 @@ class Columns:
     # -- the tag -----------------------------------------------------------------------------
     def derive_tag(self, row: int) -> bytes:
         ms, tenant = self.pairs[self.st[row]]
-        return pack_tag(
+        return pack_tag_flags(
             ms,
             tenant,
             self.parent_of(row),
@@ -292,7 +292,7 @@ class Columns:
             self.get("crc", self.crc, row),
             self.get("nbytes", self.nbytes, row),
             self.root[row].to_bytes(8, "little"),
-            exact=not self.tinx[row],
+            self.tinx[row],
         )
 
     def tag(self, row: int) -> bytes:
@@ -306,7 +306,7 @@ class Columns:
         parsed = unpack_tag(tag)
         if parsed is not None:
             self.root[row] = int.from_bytes(parsed[6], "little")
-            self.tinx[row] = 0 if tag_exact(tag) else 1
+            self.tinx[row] = tag_flags(tag)
             try:
                 derived = self.derive_tag(row)
             except Exception:  # a field pack_tag cannot hold: keep the tag as given

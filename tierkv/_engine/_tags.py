@@ -48,12 +48,14 @@ __all__ = [
     "checked_tag",
     "checksum",
     "pack_tag",
+    "pack_tag_flags",
     "retag",
     "root_of",
     "tag_checked",
     "tag_checksum",
     "tag_crc",
     "tag_exact",
+    "tag_flags",
     "tag_tenant",
     "unpack_tag",
 ]
@@ -115,6 +117,18 @@ def pack_tag(
     ``checked=False`` (none computed yet)."""
     flags = _FLAG_XXH3 | (0 if exact else _FLAG_INEXACT) | (0 if checked else _FLAG_UNCHECKED)
     return _TAG.pack(_TAG_MAGIC, _TAG_VERSION, flags, model_scope[:16], tenant[:16], parent, pos, crc, nbytes, root[:8])
+
+
+def pack_tag_flags(
+    model_scope: bytes, tenant: bytes, parent: bytes, pos: int, crc: int, nbytes: int, root: bytes, flags: int
+) -> bytes:
+    """A block tag with its flags byte as given (the index rebuilds stored tags with it)."""
+    return _TAG.pack(_TAG_MAGIC, _TAG_VERSION, flags, model_scope[:16], tenant[:16], parent, pos, crc, nbytes, root[:8])
+
+
+def tag_flags(tag: bytes) -> int:
+    """The flags byte of a block tag (0 for a tag that is not ours)."""
+    return tag[3] if len(tag) == _TAG.size else 0
 
 
 def retag(tag: bytes, crc: int, *, exact: bool) -> bytes:
