@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -46,6 +47,9 @@ import anyio
 import numpy as np
 
 from tierkv import TierKV
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_tiers import _drop_cache
 
 SHAPES: dict[str, dict[str, int]] = {
     "smollm2": {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576},
@@ -211,16 +215,6 @@ def _block_files(d: str) -> tuple[list[Path], int]:
             seen.setdefault((st.st_dev, st.st_ino), p)
     files = list(seen.values())
     return files, max(p.stat().st_size for p in files)
-
-
-def _drop_cache(paths: list[Path]) -> None:
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 async def pfs_cold(
