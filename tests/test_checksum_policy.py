@@ -93,7 +93,7 @@ async def test_records_with_a_crc32_tag_still_verify(tmp_path: Path) -> None:
 
 async def test_a_dram_only_put_hashes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """put to an unverified DRAM tier computes no checksum at all (its cost is the copy)."""
-    from tierkv._engine import _tags, _tierkv
+    from tierkv._engine import _tags, _writer
 
     calls = []
     real = _tags.checksum
@@ -102,7 +102,7 @@ async def test_a_dram_only_put_hashes_nothing(tmp_path: Path, monkeypatch: pytes
         calls.append(len(memoryview(data)))
         return real(data)
 
-    monkeypatch.setattr(_tierkv, "checksum", counting)
+    monkeypatch.setattr(_writer, "checksum", counting)
     monkeypatch.setattr(_tags, "checksum", counting)
     async with await TierKV.open(smol_config([dram_tier()])) as kv:
         await kv.put(list(range(4 * BT)), kv_for(4 * BT))

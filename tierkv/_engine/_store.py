@@ -6,7 +6,7 @@ state, telemetry, tenant names and quotas, and the few primitives that translate
 block between its raw bytes and what a tier stores (codec encode/decode, ``read_raw``,
 ``drop_copy``), feed a tier's circuit breaker (``tier_failed``), and trace a
 placement decision (``decided``). The collaborators hang off it: ``index``,
-``mover``, ``quotas``, ``durable``, ``reader``, ``service``, ``ckpt``, ``staging``, ``hints``;
+``mover``, ``quotas``, ``durable``, ``writer``, ``reader``, ``service``, ``ckpt``, ``staging``, ``hints``;
 each is constructed here and reaches the others through it.
 
 May not touch: the public API (``tierkv.TierKV`` is the front over this).
@@ -51,6 +51,7 @@ from ._reader import Reader
 from ._service import Service
 from ._staging import Staging
 from ._tags import ZERO16
+from ._writer import Writer
 
 __all__ = ["Store"]
 
@@ -118,6 +119,7 @@ class Store:
         self.mover = Mover(self)
         self.quotas = Quotas(self)
         self.durable = Durable(self)
+        self.writer = Writer(self)
         self.reader = Reader(self)
         self.service = Service(self)
         self.ckpt = Checkpoints(self)

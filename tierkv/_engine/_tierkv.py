@@ -31,15 +31,14 @@ hashing it on every put and get would halve their speed.
 
 Where things live (``tierkv/_engine/``): the index and pins (``_index``), the
 block tag (``_tags``), relocation (``_mover``), writes and durability
-(``_durable``), the read path (``_reader``), quotas (``_quotas``), the scheduler
+(``_durable``), the put path (``_writer``), the read path (``_reader``), quotas (``_quotas``), the scheduler
 service (``_service``), checkpoints (``_checkpoint``), speculative staging
 (``_staging``), their shared state (``_store``). See docs/architecture.md.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -55,13 +54,11 @@ from .._options import config_path
 from .._paged import PagedCaches, PagedLayout, PagedSink
 from .._registry import load_backend_class
 from .._telemetry import Telemetry
-from ..backend import Backend, BackendStats, OpenContext, SupportsArrayIO, TierKind
-from ..errors import InputError, KVLayoutError, TierKVError, TierUnavailableError
-from ._durable import BlockData, flat, nbytes_of
+from ..backend import Backend, BackendStats, OpenContext, TierKind
+from ..errors import InputError, KVLayoutError, TierKVError
+from ._durable import BlockData
 from ._results import CheckpointResult, GetResult, LookupResult, PutResult, TenantStats, TierStats
-from ._service import Rebalance
 from ._store import Store
-from ._tags import ZERO32, checksum, pack_tag, root_of
 
 if TYPE_CHECKING:
     from .._sync import SyncTierKV
@@ -272,7 +269,7 @@ class TierKV:
         def block(i: int) -> BlockData:
             return kv[block_slice(spec, (i - first) * bt, (i - first + 1) * bt)]  # a view: no copy
 
-        return await self._put_blocks(arr_tokens, keys, tid, first, block, block_type, durable)
+        return await self._s.writer.put_blocks(arr_tokens, keys, tid, first, block, block_type, durable)
 
     async def put_paged(
         self,
@@ -313,7 +310,7 @@ class TierKV:
         def block(i: int) -> BlockData:
             return pc.taken(ids[i * per : (i + 1) * per])  # gathered by the tier (or flat())
 
-        return await self._put_blocks(arr_tokens, keys, tid, first, block, block_type, durable)
+        return await self._s.writer.put_blocks(arr_tokens, keys, tid, first, block, block_type, durable)
 
     def _first_block(self, start: object, tokens: int) -> int:
         bt = self._s.block_tokens
@@ -328,123 +325,6 @@ class TierKV:
         if pc.part_nbytes * sum(len(p) for p in pc.layers) != self._s.block_nbytes:
             raise KVLayoutError("caches", f"{self._s.block_nbytes} bytes per block", pc.part_nbytes)
         return pc
-
-    async def _put_blocks(
-        self,
-        arr_tokens: np.ndarray[Any, Any],
-        keys: list[bytes],
-        tid: bytes,
-        first: int,
-        block: Callable[[int], BlockData],
-        block_type: str | None,
-        durable: bool,
-    ) -> PutResult:
-        """Store blocks ``first..`` of a prefix; ``block(i)`` gives block ``i``'s KV as an
-        array of any strides (its elements in C order are the block's bytes)."""
-        bt = self._s.block_tokens
-        if block_type is not None and not isinstance(block_type, str):
-            raise InputError(f"block_type: expected a string or None, got {type(block_type).__name__}")
-        if durable and self._s.persistent_tier() is None:
-            raise TierUnavailableError("put(durable=True) needs a healthy persistent tier (e.g. nvme or pfs)")
-        tail = len(arr_tokens) - len(keys) * bt
-        todo: list[int] = []
-        existing = 0
-        for i in range(first, len(keys)):
-            e = self._s.index.entries.get(keys[i].hex())
-            if e is None or (durable and e.backing < 0):
-                todo.append(i)
-            if e is not None:
-                existing += 1
-                self._s.index.touch(e)
-        tiers_used: list[str] = []
-        stored = 0
-
-        # the checksum is computed here when the block's first copy must carry one (its tier
-        # verifies reads, or durable=True); else the tier that first needs it computes it
-        fastest = next((ti for ti, t in enumerate(self._s.tiers) if t.healthy), 0)
-        top = self._s.tiers[fastest]
-        checked = durable or self._s.verifies(fastest) or top.backend.capabilities.persistent
-        # nothing to hash and a tier that gathers strided arrays itself: the block is copied
-        # once, from the caller's memory into the tier's (no intermediate, no thread hop)
-        direct = not checked and top.codec is None and isinstance(top.backend, SupportsArrayIO)
-
-        def prepare() -> list[tuple[int, BlockData, int]]:
-            out: list[tuple[int, BlockData, int]] = []
-            for i in todo:
-                blk = block(i)
-                if direct:
-                    out.append((i, blk, 0))
-                    continue
-                data = flat(blk)
-                out.append((i, data, checksum(data) if checked else 0))
-            return out
-
-        label = self._s.sched.block_type_index(block_type)
-        root = root_of(arr_tokens, bt) if keys else b""
-        span_cm = self._s.tel.timed("put")
-        span = span_cm.__enter__()
-        try:
-            prepared = (prepare() if direct else await anyio.to_thread.run_sync(prepare)) if todo else []
-            for i, data, crc in prepared:
-                parent = keys[i - 1] if i else ZERO32
-                tag = pack_tag(self._s.model_scope, tid, parent, i, crc, nbytes_of(data), root, checked=checked)
-                key = keys[i].hex()
-                with anyio.CancelScope(shield=True):
-                    placed = await self._s.durable.store_block(key, data, tag, i, tid, parent, durable, root, label)
-                if placed is None:
-                    # another task is storing this block right now: wait until it is indexed (and
-                    # durable, if asked), so that on return every block of the prefix is stored
-                    store = functools.partial(
-                        self._s.durable.store_block, key, data, tag, i, tid, parent, durable, root, label
-                    )
-                    await self._s.durable.await_concurrent_store(key, store, data, tag, durable)
-                    continue
-                if placed:
-                    stored += 1
-                    placed_e = self._s.index.entries.get(key)
-                    if placed_e is not None and self._s.tiers[placed_e.tier].name not in tiers_used:
-                        tiers_used.append(self._s.tiers[placed_e.tier].name)
-                await anyio.lowlevel.checkpoint_if_cancelled()
-            present = [self._s.index.entries.get(k.hex()) for k in keys]
-            # with ``start``: the stored prefix ends at the first block before it that is missing
-            lead = next((i for i in range(first) if present[i] is None), len(keys))
-            entries = [e for e in present if e is not None]
-            self._s.reader.record_access(entries, len(keys), existing)
-            if block_type == "tool_context" and self._s.sched.tool is not None:
-                self._s.tool_blocks[self._s.sched.tool] = [k.hex() for k in keys]
-                self._s.sched.chain.observe_size(self._s.sched.tool, sum(e.nbytes for e in entries))
-            self._s.sched.transition = None  # a hint applies to the next request only
-            self._s.tel.tenant_tokens.add((len(keys) - first) * bt, {"tenant": tid.hex(), "op": "put"})
-            if span is not None and span.is_recording():
-                span.set_attributes(
-                    {
-                        "tierkv.tokens": len(arr_tokens),
-                        "tierkv.stored_tokens": (len(keys) - first) * bt,
-                        "tierkv.new_blocks": stored,
-                        "tierkv.bytes": sum(nbytes_of(d) for _, d, _ in prepared),
-                        "tierkv.tiers": tiers_used,
-                        "tierkv.codec": sorted(
-                            {self._s.codec_name(i) for i, t in enumerate(self._s.tiers) if t.name in tiers_used}
-                        ),
-                        "tierkv.tenant": tid.hex(),
-                        "tierkv.durable": durable,
-                    }
-                )
-        except BaseException as exc:
-            span_cm.__exit__(type(exc), exc, exc.__traceback__)
-            raise
-        span_cm.__exit__(None, None, None)
-        if self._s.service.running:
-            self._s.service.submit(Rebalance())
-        else:
-            await self._s.mover.rebalance()
-        return PutResult(
-            tokens=lead * bt,
-            new_blocks=stored,
-            existing_blocks=existing,
-            tail_tokens=tail,
-            tiers=tuple(tiers_used),
-        )
 
     async def lookup(self, tokens: object, *, tenant: str | None = None) -> LookupResult:
         """How many leading tokens are stored, and in which tiers (no data moved).

@@ -1,0 +1,158 @@
+"""The put path: storing the new blocks of a prefix, given how to get each block's bytes.
+
+Owns: deciding which blocks a put writes (absent ones; with ``durable``, those without a
+durable copy), whether their checksum is computed now (the block's first tier verifies
+reads, or ``durable``) and whether a block goes to its tier as the caller's strided view
+(one copy, :class:`~tierkv.backend.SupportsArrayIO`), the tag of each block, the per-block
+shielded store (:meth:`Durable.store_block`), the put's span and telemetry, recording the
+access, and the rebalance that follows. ``TierKV.put`` and ``put_paged`` validate their
+arguments and hand over a ``block(i)`` function.
+
+May not touch: argument validation (the front's), the index's internals, backends directly.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.lowlevel
+import numpy as np
+
+from ..backend import SupportsArrayIO
+from ..errors import InputError, TierUnavailableError
+from ._durable import BlockData, flat, nbytes_of
+from ._results import PutResult
+from ._service import Rebalance
+from ._tags import ZERO32, checksum, pack_tag, root_of
+
+if TYPE_CHECKING:
+    from ._store import Store
+
+__all__ = ["Writer"]
+
+
+class Writer:
+    """Stores the new blocks of a prefix (see the module docstring)."""
+
+    def __init__(self, s: Store) -> None:
+        self.s = s
+
+    async def put_blocks(
+        self,
+        arr_tokens: np.ndarray[Any, Any],
+        keys: list[bytes],
+        tid: bytes,
+        first: int,
+        block: Callable[[int], BlockData],
+        block_type: str | None,
+        durable: bool,
+    ) -> PutResult:
+        """Store blocks ``first..`` of a prefix; ``block(i)`` gives block ``i``'s KV as an
+        array of any strides (its elements in C order are the block's bytes)."""
+        bt = self.s.block_tokens
+        if block_type is not None and not isinstance(block_type, str):
+            raise InputError(f"block_type: expected a string or None, got {type(block_type).__name__}")
+        if durable and self.s.persistent_tier() is None:
+            raise TierUnavailableError("put(durable=True) needs a healthy persistent tier (e.g. nvme or pfs)")
+        tail = len(arr_tokens) - len(keys) * bt
+        todo: list[int] = []
+        existing = 0
+        for i in range(first, len(keys)):
+            e = self.s.index.entries.get(keys[i].hex())
+            if e is None or (durable and e.backing < 0):
+                todo.append(i)
+            if e is not None:
+                existing += 1
+                self.s.index.touch(e)
+        tiers_used: list[str] = []
+        stored = 0
+
+        # the checksum is computed here when the block's first copy must carry one (its tier
+        # verifies reads, or durable=True); else the tier that first needs it computes it
+        fastest = next((ti for ti, t in enumerate(self.s.tiers) if t.healthy), 0)
+        top = self.s.tiers[fastest]
+        checked = durable or self.s.verifies(fastest) or top.backend.capabilities.persistent
+        # nothing to hash and a tier that gathers strided arrays itself: the block is copied
+        # once, from the caller's memory into the tier's (no intermediate, no thread hop)
+        direct = not checked and top.codec is None and isinstance(top.backend, SupportsArrayIO)
+
+        def prepare() -> list[tuple[int, BlockData, int]]:
+            out: list[tuple[int, BlockData, int]] = []
+            for i in todo:
+                blk = block(i)
+                if direct:
+                    out.append((i, blk, 0))
+                    continue
+                data = flat(blk)
+                out.append((i, data, checksum(data) if checked else 0))
+            return out
+
+        label = self.s.sched.block_type_index(block_type)
+        root = root_of(arr_tokens, bt) if keys else b""
+        span_cm = self.s.tel.timed("put")
+        span = span_cm.__enter__()
+        try:
+            prepared = (prepare() if direct else await anyio.to_thread.run_sync(prepare)) if todo else []
+            for i, data, crc in prepared:
+                parent = keys[i - 1] if i else ZERO32
+                tag = pack_tag(self.s.model_scope, tid, parent, i, crc, nbytes_of(data), root, checked=checked)
+                key = keys[i].hex()
+                with anyio.CancelScope(shield=True):
+                    placed = await self.s.durable.store_block(key, data, tag, i, tid, parent, durable, root, label)
+                if placed is None:
+                    # another task is storing this block right now: wait until it is indexed (and
+                    # durable, if asked), so that on return every block of the prefix is stored
+                    store = functools.partial(
+                        self.s.durable.store_block, key, data, tag, i, tid, parent, durable, root, label
+                    )
+                    await self.s.durable.await_concurrent_store(key, store, data, tag, durable)
+                    continue
+                if placed:
+                    stored += 1
+                    placed_e = self.s.index.entries.get(key)
+                    if placed_e is not None and self.s.tiers[placed_e.tier].name not in tiers_used:
+                        tiers_used.append(self.s.tiers[placed_e.tier].name)
+                await anyio.lowlevel.checkpoint_if_cancelled()
+            present = [self.s.index.entries.get(k.hex()) for k in keys]
+            # with ``start``: the stored prefix ends at the first block before it that is missing
+            lead = next((i for i in range(first) if present[i] is None), len(keys))
+            entries = [e for e in present if e is not None]
+            self.s.reader.record_access(entries, len(keys), existing)
+            if block_type == "tool_context" and self.s.sched.tool is not None:
+                self.s.tool_blocks[self.s.sched.tool] = [k.hex() for k in keys]
+                self.s.sched.chain.observe_size(self.s.sched.tool, sum(e.nbytes for e in entries))
+            self.s.sched.transition = None  # a hint applies to the next request only
+            self.s.tel.tenant_tokens.add((len(keys) - first) * bt, {"tenant": tid.hex(), "op": "put"})
+            if span is not None and span.is_recording():
+                span.set_attributes(
+                    {
+                        "tierkv.tokens": len(arr_tokens),
+                        "tierkv.stored_tokens": (len(keys) - first) * bt,
+                        "tierkv.new_blocks": stored,
+                        "tierkv.bytes": sum(nbytes_of(d) for _, d, _ in prepared),
+                        "tierkv.tiers": tiers_used,
+                        "tierkv.codec": sorted(
+                            {self.s.codec_name(i) for i, t in enumerate(self.s.tiers) if t.name in tiers_used}
+                        ),
+                        "tierkv.tenant": tid.hex(),
+                        "tierkv.durable": durable,
+                    }
+                )
+        except BaseException as exc:
+            span_cm.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        span_cm.__exit__(None, None, None)
+        if self.s.service.running:
+            self.s.service.submit(Rebalance())
+        else:
+            await self.s.mover.rebalance()
+        return PutResult(
+            tokens=lead * bt,
+            new_blocks=stored,
+            existing_blocks=existing,
+            tail_tokens=tail,
+            tiers=tuple(tiers_used),
+        )
