@@ -28,7 +28,7 @@ from ..errors import (
     IntegrityError,
 )
 from ._index import Entry
-from ._tags import ZERO16, checked_tag, tag_checksum, tag_crc, tag_exact, tag_tenant, unpack_tag
+from ._tags import ZERO16, checked_tag, tag_checked, tag_checksum, tag_crc, tag_exact, tag_tenant, unpack_tag
 
 if TYPE_CHECKING:
     from ._store import Store
@@ -197,6 +197,14 @@ class Durable:
         last_exc: BaseException | None = None
         tid = tag_tenant(tag) or ZERO16
         nbytes = nbytes_of(data)
+        raw = data if isinstance(data, memoryview) else None  # the flat bytes, made at most once
+
+        def raw_bytes() -> memoryview:
+            nonlocal raw
+            if raw is None:
+                raw = flat(data)
+            return raw
+
         for ti in [start] if only else range(start, len(self.s.tiers)):
             t = self.s.tiers[ti]
             if not t.healthy:
@@ -207,10 +215,10 @@ class Durable:
                     "and has no block of its own left to evict"
                 )
                 continue
-            if self.s.verifies(ti) or t.backend.capabilities.persistent:
-                tag = checked_tag(tag, flat(data))
-            direct = not isinstance(data, memoryview) and t.codec is None and isinstance(t.backend, SupportsArrayIO)
-            payload = None if direct else await self.s.encode_for(ti, flat(data))
+            if self.s.needs_checksum(ti) and not tag_checked(tag):
+                tag = checked_tag(tag, raw_bytes())
+            direct = raw is None and t.codec is None and isinstance(t.backend, SupportsArrayIO)
+            payload = None if direct else await self.s.encode_for(ti, raw_bytes())
             for _attempt in range(2):
                 try:
                     alloc = await self.s.mover.allocate_with_room(
@@ -219,7 +227,8 @@ class Durable:
                 except BlockExistsError:
                     if not await t.backend.contains(key):
                         return None  # only reserved: another task is writing it right now
-                    tag = checked_tag(tag, flat(data))
+                    if not tag_checked(tag):
+                        tag = checked_tag(tag, raw_bytes())
                     if await self.verify_copy(ti, key, nbytes, tag):
                         return ti, tag  # committed earlier (e.g. a write-through copy): adopt it
                     if self.s.index.entries.get(key) is not None:

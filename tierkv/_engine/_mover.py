@@ -328,7 +328,7 @@ class Mover:
                     break
         data = await self.s.read_raw(src, e.key)
         if self.s.exact_tier(src) or not self.s.exact_tier(dst):
-            if self.s.verifies(dst) or self.s.tiers[dst].backend.capabilities.persistent:
+            if self.s.needs_checksum(dst):
                 return data, checked_tag(e.tag, data)  # its first checksum, if it had none
             return data, e.tag
         return data, retag(e.tag, checksum(data), exact=False)

@@ -193,6 +193,11 @@ class Store:
         a copy written there must carry one."""
         return self.verify_reads[ti]
 
+    def needs_checksum(self, ti: int) -> bool:
+        """Whether a copy written to tier ``ti`` must carry a checksum: the tier verifies its
+        reads, or it persists (a copy found there after a restart is verified before use)."""
+        return self.verify_reads[ti] or self.tiers[ti].backend.capabilities.persistent
+
     def exact_tier(self, ti: int) -> bool:
         """Whether tier ``ti`` stores raw bytes exactly (no codec, or a lossless one)."""
         c = self.tiers[ti].codec

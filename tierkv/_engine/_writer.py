@@ -74,7 +74,7 @@ class Writer:
         # verifies reads, or durable=True); else the tier that first needs it computes it
         fastest = next((ti for ti, t in enumerate(self.s.tiers) if t.healthy), 0)
         top = self.s.tiers[fastest]
-        checked = durable or self.s.verifies(fastest) or top.backend.capabilities.persistent
+        checked = durable or self.s.needs_checksum(fastest)
         # nothing to hash and a tier that gathers strided arrays itself: the block is copied
         # once, from the caller's memory into the tier's (no intermediate, no thread hop)
         direct = not checked and top.codec is None and isinstance(top.backend, SupportsArrayIO)
