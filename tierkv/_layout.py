@@ -25,7 +25,7 @@ import numpy as np
 from ._model import ModelSpec
 from .errors import KVLayoutError
 
-__all__ = ["STORAGE_DTYPES", "as_numpy_kv", "block_slice", "from_torch", "token_axis"]
+__all__ = ["STORAGE_DTYPES", "as_numpy_kv", "as_storage_array", "block_slice", "from_torch", "token_axis"]
 
 #: numpy dtype that holds each KV dtype's bits.
 STORAGE_DTYPES: dict[str, np.dtype[Any]] = {
@@ -65,6 +65,31 @@ def from_torch(t: Any, kv_dtype: str) -> np.ndarray[Any, Any]:
     return arr.view(STORAGE_DTYPES[kv_dtype])
 
 
+def as_storage_array(data: object, kv_dtype: str, what: str = "") -> np.ndarray[Any, Any]:
+    """``data`` (a numpy array, or a CPU torch tensor) as a numpy view of the configured
+    storage dtype, any shape and strides, no copy. ``what`` prefixes the error's field
+    (``caches[3]``). Raises KVLayoutError for a wrong type, dtype, byte order or device."""
+    pre = f"{what} " if what else ""
+    if isinstance(data, np.ndarray):
+        arr = data
+        want = STORAGE_DTYPES[kv_dtype]
+        if arr.dtype != want:
+            if not arr.dtype.isnative:
+                raise KVLayoutError(
+                    f"{pre}byte order",
+                    f"native {want} (convert with arr.astype(arr.dtype.newbyteorder('=')))",
+                    f"byte-swapped {arr.dtype.str}",
+                )
+            if getattr(arr.dtype, "name", "") == kv_dtype and arr.dtype.itemsize == want.itemsize:
+                arr = arr.view(want)  # e.g. ml_dtypes.bfloat16
+            else:
+                raise KVLayoutError(f"{pre}dtype", f"{want} (for kv_dtype {kv_dtype})", str(arr.dtype))
+        return arr
+    if type(data).__module__.startswith("torch"):
+        return from_torch(data, kv_dtype)
+    raise KVLayoutError(f"{pre}type", "a numpy array or a torch tensor", type(data).__name__)
+
+
 def as_numpy_kv(kv_data: object, spec: ModelSpec, kv_dtype: str, tokens: int) -> np.ndarray[Any, Any]:
     """Check ``kv_data`` against the spec for ``tokens`` tokens; return a numpy view (no copy).
 
@@ -76,24 +101,7 @@ def as_numpy_kv(kv_data: object, spec: ModelSpec, kv_dtype: str, tokens: int) ->
         KVLayoutError: wrong type, shape, dtype, byte order or device (including
             ``meta``); the message states expected vs got.
     """
-    if isinstance(kv_data, np.ndarray):
-        arr = kv_data
-        want = STORAGE_DTYPES[kv_dtype]
-        if arr.dtype != want:
-            if not arr.dtype.isnative:
-                raise KVLayoutError(
-                    "byte order",
-                    f"native {want} (convert with arr.astype(arr.dtype.newbyteorder('=')))",
-                    f"byte-swapped {arr.dtype.str}",
-                )
-            if getattr(arr.dtype, "name", "") == kv_dtype and arr.dtype.itemsize == want.itemsize:
-                arr = arr.view(want)  # e.g. ml_dtypes.bfloat16
-            else:
-                raise KVLayoutError("dtype", f"{want} (for kv_dtype {kv_dtype})", str(arr.dtype))
-    elif type(kv_data).__module__.startswith("torch"):
-        arr = from_torch(kv_data, kv_dtype)
-    else:
-        raise KVLayoutError("type", "a numpy array or a torch tensor", type(kv_data).__name__)
+    arr = as_storage_array(kv_data, kv_dtype)
     expected = spec.kv_shape(tokens)
     if tuple(arr.shape) != tuple(expected):
         raise KVLayoutError("shape", f"{tuple(expected)} for {tokens} tokens", tuple(arr.shape))

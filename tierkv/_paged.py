@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ._layout import STORAGE_DTYPES, from_torch
+from ._layout import as_storage_array
 from ._model import ModelSpec
 from .backend import Taken
 from .errors import InputError, KVLayoutError
@@ -95,18 +95,7 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
 
 
 def _as_array(t: Any, dtype: str, what: str, *, writable: bool) -> np.ndarray[Any, Any]:
-    if isinstance(t, np.ndarray):
-        arr = t
-        want = STORAGE_DTYPES[dtype]
-        if arr.dtype != want:
-            if getattr(arr.dtype, "name", "") == dtype and arr.dtype.itemsize == want.itemsize and arr.dtype.isnative:
-                arr = arr.view(want)
-            else:
-                raise KVLayoutError(f"{what} dtype", f"{want} (for kv_dtype {dtype})", str(arr.dtype))
-    elif type(t).__module__.startswith("torch"):
-        arr = from_torch(t, dtype)
-    else:
-        raise KVLayoutError(f"{what} type", "a numpy array or a CPU torch tensor", type(t).__name__)
+    arr = as_storage_array(t, dtype, what)
     if writable and not arr.flags.writeable:
         raise KVLayoutError(what, "a writable cache", "read-only")
     return arr
