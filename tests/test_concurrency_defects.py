@@ -141,7 +141,8 @@ async def run_random_workload(
     tmp_path: Path, *, tasks: int, seconds: float, seed: int, policy: str = "lru"
 ) -> dict[str, int]:
     """The randomized concurrency run of the acceptance list: dram + nvme + pfs at small
-    capacities, the service running, put/get/lookup/invalidate with tiny deadlines."""
+    capacities, the service running, put (whole, or a chunk from a strided view)/get/lookup/
+    invalidate with tiny deadlines."""
     cfg = smol_config(
         [dram_tier(6 * BLOCK), nvme_tier(tmp_path, 8 * 512 * 1024, "512KiB"), pfs_tier(tmp_path, 16 * BLOCK)],
         scheduler={"policy": policy},
@@ -162,8 +163,11 @@ async def run_random_workload(
                 counts["ops"] += 1
                 try:
                     with anyio.move_on_after(budget if budget is not None else 30) as scope:
-                        if op < 0.4:
+                        if op < 0.3:
                             await kv.put(base_tokens(fam, n), base_kv(fam, n), durable=rng.random() < 0.2)
+                        elif op < 0.4:  # only the newest blocks (a chunk put of a strided view)
+                            start = rng.randrange(n // BT + 1) * BT
+                            await kv.put(base_tokens(fam, n), _family_kv(fam)[:, :, start:n], start=start)
                         elif op < 0.8:
                             out = np.zeros((30, 2, n, 3, 64), np.float16) if rng.random() < 0.5 else None
                             g = await kv.get(base_tokens(fam, n), out=out)
