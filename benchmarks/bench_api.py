@@ -16,7 +16,11 @@ Every repetition measures, back to back, the reference and each operation:
   ``put(prefix, kv_of_that_block, start=len(prefix) - 256)``, the block's KV a strided view of
   the caller's whole cache (the p50 over the sequence's blocks), beside the memcpy of one block;
 * ``lookup``: the whole sequence, all stored, from a Python list and from an ndarray, at
-  ``--tokens`` and at 8x that (the longer one with only the first ``--tokens`` stored);
+  ``--tokens`` and at 8x that (the longer one with only the first ``--tokens`` stored), asked
+  again as an engine does (the store remembers recent key chains), and ``unseen``: with that
+  memo emptied first, so every block's SHA-256 is computed (~2.5 µs per 256-token block);
+  ``list -> int64 floor``: ``struct.pack`` of the list alone, the fastest conversion of Python
+  ints to int64 the standard library has (the floor of any lookup given a list);
 * ``put_paged`` / ``get_paged``: the same tokens held in vLLM flash-attention caches (per layer
   ``[2, num_blocks, 16, kv_heads, head_dim]`` torch CPU tensors, a shuffled block table) beside
   ``torch.index_select`` (gather into a pre-touched buffer) and ``index_copy_`` (scatter) of the
@@ -36,6 +40,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import struct
 import sys
 import tempfile
 import time
@@ -121,6 +126,13 @@ async def bench_shape(name: str, n: int, reps: int) -> list[tuple[str, str, str,
                 add(key, statistics.median([await atimed(lambda t=t: kv.lookup(t)) for _ in range(20)]))
             for key, t in (("lookup list 8x", long_list), ("lookup array 8x", long)):
                 add(key, statistics.median([await atimed(lambda t=t: kv.lookup(t)) for _ in range(5)]))
+            # the floor of any lookup from a list: reading its Python ints into int64 in C
+            for key, t in (("list -> int64 floor", toks_list), ("list -> int64 floor 8x", long_list)):
+                add(key, statistics.median([timed(lambda t=t: struct.pack(f"<{len(t)}q", *t)) for _ in range(5)]))
+            # the same lookups with the store's memo of recent key chains emptied before each:
+            # a prompt whose keys the store has not derived yet (SHA-256 of every block)
+            for key, t in (("lookup list, unseen", toks_list), ("lookup array, unseen", tokens)):
+                add(key, statistics.median([await atimed(lambda t=t: _unseen(kv, t)) for _ in range(20)]))
         # one new block on a growing prefix: the caller holds the whole KV (src) and stores the
         # newest block, a strided view of it
         await kv.invalidate()
@@ -167,10 +179,19 @@ async def bench_shape(name: str, n: int, reps: int) -> list[tuple[str, str, str,
         ("lookup array", "<= 0.1 ms"),
         ("lookup list 8x", "<= 0.5 ms"),
         ("lookup array 8x", "<= 0.5 ms"),
+        ("list -> int64 floor", ""),
+        ("list -> int64 floor 8x", ""),
+        ("lookup list, unseen", "<= 0.1 ms"),
+        ("lookup array, unseen", "<= 0.1 ms"),
     ):
         t = statistics.median(res[k])
         rows.append((k, f"{t * 1e3:.3f} ms", "", target, LMCACHE.get(k, "")))
     return rows
+
+
+async def _unseen(kv: TierKV, tokens: Any) -> Any:
+    kv._s.chains.clear()  # private: the benchmark's way to measure keys not yet derived
+    return await kv.lookup(tokens)
 
 
 async def paged(

@@ -85,3 +85,59 @@ async def test_parents_iteration_order_growth_and_tags(tmp_path: Path) -> None:
             ix.remove(ix.entries[k])
         assert len(ix.entries) == 0 and not t.lru and not ix.cols.orphans
         assert sorted(ix.cols.free) == list(range(ix.cols.rows))
+
+
+def test_find_many_probes_like_find_binary_through_collisions_and_tombstones() -> None:
+    import numpy as np
+
+    from tierkv._engine._columns import Columns
+
+    c = Columns()
+    # keys whose first 8 bytes agree modulo the table size: one long probe run
+    keys = [(i * 1024).to_bytes(8, "little") + hashlib.sha256(b"%d" % i).digest()[:24] for i in range(40)]
+    rows = []
+    for k in keys:
+        r = c.alloc()
+        c.bid[r] = r
+        c.insert(k.hex(), r)
+        rows.append(r)
+    for r in rows[5:40:3]:  # tombstones inside the run
+        c.delete(r)
+        c.release(r)
+    absent = [hashlib.sha256(b"absent%d" % i).digest() for i in range(5)] + [
+        (77 * 1024).to_bytes(8, "little") + bytes(24)
+    ]
+    probe = keys + absent
+    kb = np.frombuffer(b"".join(probe), dtype="<u8").reshape(len(probe), 4)
+    assert c.find_many(kb).tolist() == [c.find_binary(k) for k in probe]
+    assert sum(r >= 0 for r in c.find_many(kb).tolist()) == 40 - len(rows[5:40:3])
+    c.alloc()  # the columns still grow: no view of them outlived the call
+
+
+async def test_vectorised_walk_equals_the_block_by_block_walk(tmp_path: Path) -> None:
+    """Chains with a wrong position, a foreign parent, another tenant and a gap end where
+    the one-key-at-a-time walk ends them, for the same reason."""
+    async with await TierKV.open(config(tmp_path)) as kv:
+        ix, t = kv._s.index, kv._s.tiers[0]
+        keys = [_key(i) for i in range(12)]
+        parent = ZERO32
+        for i in range(12):
+            pos, par = i, parent
+            if i == 4:
+                pos = 9  # a tag naming another position
+            if i == 7:
+                par = _key(100)  # a tag naming another parent
+            if i != 10:  # a gap
+                e = _entry(kv, i, par, pos)
+                ix.adopt(e, b"")
+                t.place(e)
+            parent = keys[i]
+        tid = ZERO16
+        for ks in (keys, keys[:4], keys[5:], keys[8:], keys[:0]):
+            slow = ix._walk_slow(ks, tid)
+            assert ix.walk_rows(ks, tid) == slow
+        assert ix.walk_rows(keys, tid)[1] == "integrity" and len(ix.walk_rows(keys, tid)[0]) == 4
+        assert ix.walk_rows(keys, b"\x05" * 16) == ([], "integrity")  # another tenant's blocks
+        t.breaker._open()  # the tier's breaker trips
+        assert not t.healthy
+        assert ix.walk_rows(keys, tid) == ix._walk_slow(keys, tid) == ([], "tier_unhealthy")

@@ -122,3 +122,61 @@ def test_tenant_salt_hides_name() -> None:
     assert tenant_salt(None) == tenant_salt("") == ""
     s = tenant_salt("acme")
     assert s and "acme" not in s and s != tenant_salt("acme2")
+
+
+# -- the memo of recent chains (KeyChains) -------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(0, 40), st.integers(0, 2)),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_key_chains_answer_exactly_what_block_keys_computes(steps: list[tuple[int, int, int]]) -> None:
+    """Growing, shrinking, diverging and repeated prompts under two seeds, with a memo small
+    enough to evict: every answer equals the pure derivation."""
+    from tierkv._keys import KeyChains
+
+    memo = KeyChains(max_tokens=64, per_root=2)
+    rng = np.random.default_rng(0)
+    base = [rng.integers(0, 5, 48), rng.integers(0, 5, 48)]
+    seeds = [bytes(32), b"\x01" * 32]
+    for which, length, mutate in steps:
+        toks = base[which % 2][:length].copy()
+        if mutate and length:
+            toks[rng.integers(0, length)] += mutate  # diverge somewhere
+        seed = seeds[which // 2]
+        got = memo.keys(seed, toks, 4)
+        assert got == block_keys(seed, toks, 4)
+        got.clear()  # a caller mutating the answer does not change the memo
+        assert memo.keys(seed, toks, 4) == block_keys(seed, toks, 4)
+
+
+def test_key_chains_reuse_a_remembered_prefix_and_keep_seeds_apart() -> None:
+    from tierkv._keys import KeyChains
+
+    memo = KeyChains()
+    toks = np.arange(4096, dtype=np.int64)
+    a = memo.keys(bytes(32), toks[:2048], 256)
+    longer = memo.keys(bytes(32), toks, 256)  # extends the remembered chain
+    assert longer[:8] == a and longer == block_keys(bytes(32), toks, 256)
+    other = memo.keys(b"\x02" * 32, toks, 256)  # another tenant's seed: never the first's keys
+    assert set(other).isdisjoint(longer) and other == block_keys(b"\x02" * 32, toks, 256)
+    diverged = toks.copy()
+    diverged[3000] = 7
+    d = memo.keys(bytes(32), diverged, 256)
+    assert d[:11] == longer[:11] and d[11:] != longer[11:] and d == block_keys(bytes(32), diverged, 256)
+
+
+def test_list_tokens_name_the_bad_element() -> None:
+    with pytest.raises(TokensError, match=r"tokens\[2\].*bool"):
+        to_token_array([5, 6, True, 9])
+    with pytest.raises(TokensError, match=r"tokens\[1\].*float"):
+        to_token_array([5, 1.0, 3])
+    with pytest.raises(TokensError, match="int64"):
+        to_token_array([5, 2**70])
+    assert to_token_array([0, 1, 2**40]).tolist() == [0, 1, 2**40]
+    assert to_token_array((np.int32(3), 0)).tolist() == [3, 0]

@@ -357,6 +357,36 @@ class Columns:
                 return r
             i = (i + 1) & mask
 
+    def find_many(self, kb: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """The rows of the binary keys ``kb`` (an ``(n, 4)`` little-endian uint64 array of
+        32-byte keys), -1 where not indexed: the probes of :meth:`find_binary`, as arrays.
+        The views of the table taken here do not outlive the call."""
+        n = len(kb)
+        rows = np.full(n, -1, dtype=np.int64)
+        if n == 0 or self.rows == 0:
+            return rows
+        slots = np.frombuffer(self._slots, dtype=np.int32)
+        keys = np.frombuffer(self.keys, dtype="<u8").reshape(-1, 4)
+        try:
+            mask = self._mask
+            pos = kb[:, 0].view(np.int64) & mask
+            r = slots[pos].astype(np.int64)
+            hit = (keys[np.maximum(r, 0)] == kb).min(axis=1) & (r >= 0)  # nearly every key: its first slot
+            rows[hit] = r[hit]
+            more = ~hit & (r != _EMPTY)
+            if more.any():
+                todo = np.flatnonzero(more)
+                pos = (pos[todo] + 1) & mask
+                while todo.size:
+                    r = slots[pos].astype(np.int64)
+                    hit = (keys[np.maximum(r, 0)] == kb[todo]).min(axis=1) & (r >= 0)
+                    rows[todo[hit]] = r[hit]
+                    more = ~hit & (r != _EMPTY)
+                    todo, pos = todo[more], (pos[more] + 1) & mask
+        finally:
+            del slots, keys
+        return rows
+
     def insert(self, key: str, row: int) -> None:
         """Index ``row`` under ``key`` (not indexed)."""
         kb = self.binary(key)

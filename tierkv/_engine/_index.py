@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
-from ._columns import Columns
+from ._columns import WIDE, Columns
 from ._entry import Entry, attach, detach, handle
 from ._residency import Tier
 from ._tags import ZERO32, root_of, unpack_tag
@@ -230,12 +230,99 @@ class Index:
             self.s.tiers[ti].back(e)
 
     def walk(self, keys: list[bytes], tid: bytes) -> tuple[list[Entry], str]:
-        """Index entries of the longest stored prefix and, if it ends early, why.
+        """Index entries of the longest stored prefix and, if it ends early, why
+        (:meth:`walk_rows`, with the entry object of each row)."""
+        rows, reason = self.walk_rows(keys, tid)
+        c = self.cols
+        return [handle(c, r) for r in rows], reason
+
+    def walk_rows(self, keys: list[bytes], tid: bytes) -> tuple[list[int], str]:
+        """Rows of the longest stored prefix and, if it ends early, why.
 
         Each entry's tag must belong to the chain being walked (parent key, position,
         model scope, tenant): an entry whose tag names another place (a record renamed or
-        forged on a shared medium) ends the prefix as ``integrity`` and is never served."""
-        out: list[Entry] = []
+        forged on a shared medium) ends the prefix as ``integrity`` and is never served.
+        A block whose serving tier and durable copy are both on unhealthy tiers ends it as
+        ``tier_unhealthy``; a key not indexed as ``never_stored``.
+
+        The keys are probed and checked as arrays over the index's columns (no per-block
+        Python work): 64 blocks cost about what 5 do. Synchronous; the numpy views of the
+        columns it takes do not outlive the call (the columns may grow afterwards)."""
+        n = len(keys)
+        if n == 0:
+            return [], ""
+        c = self.cols
+        if c.odd or any(len(k) != 32 for k in keys):
+            return self._walk_slow(keys, tid)
+        kb = np.frombuffer(b"".join(keys), dtype="<u8").reshape(n, 4)
+        rows = c.find_many(kb)
+        miss = np.flatnonzero(rows < 0)
+        found = int(miss[0]) if miss.size else n
+        rows = rows[:found]
+        bad = self._chain_failures(rows, kb, tid)
+        bi = int(bad[0]) if bad.size else found
+        unhealthy = self._unhealthy(rows[:bi])
+        ui = int(unhealthy[0]) if unhealthy.size else bi
+        if ui < bi:
+            return rows[:ui].tolist(), "tier_unhealthy"
+        if bi < found:
+            return rows[:bi].tolist(), "integrity"
+        return rows.tolist(), "" if found == n else "never_stored"
+
+    def _chain_failures(self, rows: np.ndarray[Any, Any], kb: np.ndarray[Any, Any], tid: bytes) -> np.ndarray[Any, Any]:
+        """Positions ``i`` (ascending) whose row is not block ``i`` of this chain: another
+        position, another parent key, another model scope or (unless tenants share one key
+        space) another tenant."""
+        c = self.cols
+        n = len(rows)
+        if n == 0:
+            return rows
+        ms, tid16 = self.s.model_scope[:16], tid[:16]
+        check_tenant = not self.s.config.share_across_tenants
+        st_ok = np.fromiter(
+            (p[0][:16] == ms and (not check_tenant or p[1][:16] == tid16) for p in c.pairs),
+            dtype=bool,
+            count=len(c.pairs),
+        )
+        ok = st_ok[np.frombuffer(c.st, dtype=np.uint32)[rows]]
+        pos = np.frombuffer(c.pos, dtype=np.uint32)[rows].astype(np.int64)
+        want = np.arange(n, dtype=np.int64)
+        ok &= (pos == want) | (pos == WIDE["pos"])
+        prow = np.frombuffer(c.prow, dtype=np.int32)[rows]
+        prev = np.empty(n, dtype=np.int64)
+        prev[0] = -1
+        prev[1:] = rows[:-1]
+        # a parent row other than the previous block's (or one kept in parent_over) is
+        # compared by its key, as are positions too wide for their column
+        odd = np.flatnonzero(((prow != prev) | (pos == WIDE["pos"])) & ok)
+        for i in odd.tolist():
+            r = int(rows[i])
+            parent = ZERO32 if i == 0 else kb[i - 1].tobytes()
+            if c.get("pos", c.pos, r) != i or (
+                (prow[i] != prev[i] or (c.parent_over and r in c.parent_over)) and c.parent_of(r) != parent
+            ):
+                ok[i] = False
+        if c.parent_over:
+            for i in range(n):
+                r = int(rows[i])
+                if ok[i] and r in c.parent_over:
+                    ok[i] = c.parent_of(r) == (ZERO32 if i == 0 else kb[i - 1].tobytes())
+        return np.flatnonzero(~ok)
+
+    def _unhealthy(self, rows: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Positions whose serving tier and durable copy (if any) are both unhealthy."""
+        tiers = self.s.tiers
+        if not len(rows) or all(t.healthy for t in tiers):
+            return rows[:0]
+        c = self.cols
+        healthy = np.array([t.healthy for t in tiers] + [False], dtype=bool)  # index -1: no copy
+        tier = np.frombuffer(c.tier, dtype=np.int8)[rows].astype(np.int64)
+        back = np.frombuffer(c.backing, dtype=np.int8)[rows].astype(np.int64)
+        return np.flatnonzero(~(healthy[tier] | healthy[back]))
+
+    def _walk_slow(self, keys: list[bytes], tid: bytes) -> tuple[list[int], str]:
+        """:meth:`walk_rows` one key at a time (a key that is not 32 binary bytes)."""
+        out: list[int] = []
         c = self.cols
         ms = self.s.model_scope[:16]
         tid16 = tid[:16]
@@ -257,7 +344,7 @@ class Index:
             bk = c.backing[r]
             if not tiers[c.tier[r]].healthy and not (bk >= 0 and tiers[bk].healthy):
                 return out, "tier_unhealthy"
-            out.append(handle(c, r))
+            out.append(r)
             parent, prev = k, r
         return out, ""
 

@@ -22,7 +22,7 @@ import anyio
 import numpy as np
 
 from .._config import Config, TenantQuota
-from .._keys import block_keys, layout_digest, tenant_salt, to_token_array
+from .._keys import KeyChains, layout_digest, tenant_salt, to_token_array
 from .._layout import STORAGE_DTYPES
 from .._placement import TierLoad
 from .._scheduling import SchedulerState
@@ -116,6 +116,7 @@ class Store:
         #: background jobs that failed (the service logs, counts and traces them, and goes on)
         self.failed_jobs = 0
         self.index = Index(self)
+        self.chains = KeyChains()  # recent key chains (an engine asks for the same prompt's keys again)
         self.mover = Mover(self)
         self.quotas = Quotas(self)
         self.durable = Durable(self)
@@ -156,7 +157,7 @@ class Store:
         digest, tid = self.scope_digest(tenant)
         if layout is not None:
             digest = layout_digest(digest, layout)
-        return arr, block_keys(digest, arr, self.block_tokens), tid
+        return arr, self.chains.keys(digest, arr, self.block_tokens), tid
 
     def loads(self) -> list[TierLoad]:
         out = []
@@ -324,6 +325,19 @@ class Store:
                 sched.placement,
             )
         tel.decision(kind, attrs)
+
+    def serving_tier_names(self, rows: list[int]) -> tuple[str, ...]:
+        """The name of :meth:`serving_tier` of each indexed row (as arrays over the columns)."""
+        if not rows:
+            return ()
+        c = self.index.cols
+        tier = np.frombuffer(c.tier, dtype=np.int8)[rows]
+        if not all(t.healthy for t in self.tiers):
+            back = np.frombuffer(c.backing, dtype=np.int8)[rows]
+            healthy = np.array([t.healthy for t in self.tiers], dtype=bool)
+            tier = np.where(healthy[tier] | (back < 0), tier, back)
+        names = [t.name for t in self.tiers]
+        return tuple([names[i] for i in tier.tolist()])
 
     def serving_tier(self, e: Entry) -> Tier:
         t = self.tiers[e.tier]

@@ -334,13 +334,13 @@ class TierKV:
         self._s.check_open()
         arr, keys, tid = self._s.keys(tokens, tenant)
         with self._s.tel.timed("lookup") as span:
-            entries, reason = self._s.index.walk(keys, tid)
-            if reason == "never_stored" and await self._s.reader.adopt_shared(keys, len(entries), tid):
-                entries, reason = self._s.index.walk(keys, tid)
-            await self._s.reader.drop_forged(keys, len(entries), reason)
-            block_tiers = [self._s.serving_tier(e).name for e in entries]
+            rows, reason = self._s.index.walk_rows(keys, tid)
+            if reason == "never_stored" and await self._s.reader.adopt_shared(keys, len(rows), tid):
+                rows, reason = self._s.index.walk_rows(keys, tid)
+            await self._s.reader.drop_forged(keys, len(rows), reason)
+            block_tiers = self._s.serving_tier_names(rows)
             tiers = tuple(t.name for t in self._s.tiers if t.name in block_tiers)
-            hit = len(entries) * self._s.block_tokens
+            hit = len(rows) * self._s.block_tokens
             if span is not None and span.is_recording():
                 span.set_attributes(
                     {
@@ -348,12 +348,12 @@ class TierKV:
                         "tierkv.hit_tokens": hit,
                         "tierkv.tiers_hit": list(tiers),
                         "tierkv.tenant": tid.hex(),
-                        "tierkv.miss_reason": self._s.index.miss_reason(arr, len(entries), reason, tid)[0]
-                        if len(entries) < len(keys)
+                        "tierkv.miss_reason": self._s.index.miss_reason(arr, len(rows), reason, tid)[0]
+                        if len(rows) < len(keys)
                         else "",
                     }
                 )
-        return LookupResult(hit, len(entries), tiers, tuple(block_tiers))
+        return LookupResult(hit, len(rows), tiers, block_tiers)
 
     async def get(self, tokens: object, *, out: Any = None, tenant: str | None = None) -> GetResult:
         """Return the KV of the longest stored prefix of ``tokens``, bit-identical
