@@ -114,9 +114,12 @@ def test_find_many_probes_like_find_binary_through_collisions_and_tombstones() -
     c.alloc()  # the columns still grow: no view of them outlived the call
 
 
-async def test_vectorised_walk_equals_the_block_by_block_walk(tmp_path: Path) -> None:
+async def test_vectorised_walk_equals_the_block_by_block_walk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Chains with a wrong position, a foreign parent, another tenant and a gap end where
     the one-key-at-a-time walk ends them, for the same reason."""
+    from tierkv._engine import _index
+
+    monkeypatch.setattr(_index, "_WALK_BY_KEY", 0)  # every walk as arrays
     async with await TierKV.open(config(tmp_path)) as kv:
         ix, t = kv._s.index, kv._s.tiers[0]
         keys = [_key(i) for i in range(12)]

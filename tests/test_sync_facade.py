@@ -118,3 +118,44 @@ def test_call_runs_a_coroutine_on_the_loop(tmp_path: Path) -> None:
             return (await kv.aio.lookup(toks(5, n))).tokens
 
         assert kv.call(put_then_lookup, 2 * BT) == 2 * BT
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_close_lets_calls_in_flight_finish_and_later_calls_fail_typed(tmp_path: Path, backend: str) -> None:
+    """Threads keep calling while another closes: each call either completes (with a right
+    answer) or raises ClosedError; close returns, nothing hangs, the store is consistent."""
+    kv = TierKV.open_sync(config(tmp_path), backend=backend)  # type: ignore[arg-type]
+    data = kv_for(2 * BT, seed=4)
+    kv.put(toks(4, 2 * BT), data)
+    outcomes: list[str] = []
+    started = threading.Barrier(5)
+
+    def worker() -> None:
+        started.wait()
+        for _ in range(200):
+            try:
+                got = kv.get(toks(4, 2 * BT))
+            except ClosedError:
+                outcomes.append("closed")
+                return
+            assert got.tokens == 2 * BT and np.asarray(got.kv).tobytes() == data.tobytes()
+            outcomes.append("ok")
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    started.wait()
+    kv.close()
+    for t in threads:
+        t.join(timeout=60)
+        assert not t.is_alive()
+    assert kv.closed and outcomes.count("closed") <= 4
+    with pytest.raises(ClosedError):
+        kv.lookup(toks(4, BT))
+
+
+def test_a_call_from_the_loop_thread_itself_is_refused(tmp_path: Path) -> None:
+    with TierKV.open_sync(config(tmp_path)) as kv:
+        with pytest.raises(RuntimeError, match="own event-loop thread"):
+            kv.call(lambda: kv.lookup(toks(1, BT)))  # runs on the loop, which would wait on itself
+        assert kv.lookup(toks(1, BT)).tokens == 0

@@ -24,6 +24,8 @@ May not touch: the store's internals (only its public methods).
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import threading
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
@@ -50,7 +52,14 @@ T = TypeVar("T")
 
 
 class _Loop:
-    """The portal, the store and its service: what the finaliser closes (never the facade)."""
+    """The portal, the store and its service: what the finaliser closes (never the facade).
+
+    One hop per call (:meth:`call`). Under asyncio it is the loop's own
+    ``call_soon_threadsafe``: ``fn`` runs on the loop thread as a plain task that reports
+    to a lock the caller waits on (a third of the portal's cost per call, which spawns
+    every call into its task group); under trio the portal's ``call``. Calls in flight
+    are counted, so ``close`` lets them finish, then closes the store, then stops the
+    loop: no call is left waiting on a loop that no longer runs."""
 
     def __init__(self, backend: str) -> None:
         self.cm: AbstractContextManager[BlockingPortal] = anyio.from_thread.start_blocking_portal(backend)
@@ -58,12 +67,75 @@ class _Loop:
         self.kv: TierKV | None = None
         self.service: Future[None] | None = None
         self.lock = threading.Lock()
+        self.idle = threading.Condition(self.lock)
+        self.inflight = 0
+        self.aloop: asyncio.AbstractEventLoop | None = None
+        self.thread = 0
+        if backend == "asyncio":
+            self.aloop = self.portal.call(asyncio.get_running_loop)
+            self.thread = self.portal.call(threading.get_ident)
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the loop thread (awaited there if it returns an awaitable);
+        its result or exception here. Raises ClosedError once ``close`` began, and
+        RuntimeError from the loop thread itself (it would wait on itself)."""
+        with self.lock:
+            portal = self.portal
+            if portal is None:
+                raise ClosedError("this SyncTierKV is closed")
+            self.inflight += 1
+        try:
+            aloop = self.aloop
+            if aloop is None:
+                return portal.call(fn, *args)
+            if threading.get_ident() == self.thread:
+                raise RuntimeError(
+                    "SyncTierKV: called from its own event-loop thread (await the store's methods there)"
+                )
+            done = threading.Lock()
+            done.acquire()
+            box: list[Any] = []
+
+            def finish(task: asyncio.Task[Any]) -> None:
+                if task.cancelled():
+                    box.append((False, asyncio.CancelledError()))
+                else:
+                    exc = task.exception()
+                    box.append((False, exc) if exc is not None else (True, task.result()))
+                done.release()
+
+            def start() -> None:
+                try:
+                    r = fn(*args)
+                    if not inspect.isawaitable(r):
+                        box.append((True, r))
+                        done.release()
+                        return
+                    aloop.create_task(_awaited(r)).add_done_callback(finish)
+                except BaseException as exc:  # handed to the caller's thread
+                    box.append((False, exc))
+                    done.release()
+
+            aloop.call_soon_threadsafe(start)
+            done.acquire()
+            ok, value = box[0]
+            if ok:
+                return value
+            raise value
+        finally:
+            with self.lock:
+                self.inflight -= 1
+                if not self.inflight:
+                    self.idle.notify_all()
 
     def close(self) -> None:
         with self.lock:
             portal, self.portal = self.portal, None
-        if portal is None:
-            return
+            if portal is None:
+                return
+            if threading.get_ident() != self.thread:
+                while self.inflight:
+                    self.idle.wait()
         try:
             if self.service is not None:
                 self.service.cancel()
@@ -71,6 +143,10 @@ class _Loop:
                 portal.call(self.kv.aclose)
         finally:
             self.cm.__exit__(None, None, None)
+
+
+async def _awaited(aw: Awaitable[T]) -> T:
+    return await aw
 
 
 class SyncTierKV:
@@ -118,11 +194,12 @@ class SyncTierKV:
         return cls(loop)
 
     # ----------------------------------------------------------------- plumbing
-    def _portal(self) -> BlockingPortal:
-        portal = self._loop.portal
-        if portal is None:
-            raise ClosedError("this SyncTierKV is closed")
-        return portal
+    @overload
+    def _call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T: ...
+    @overload
+    def _call(self, fn: Callable[..., T], *args: Any) -> T: ...
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        return self._loop.call(fn, *args)
 
     @property
     def aio(self) -> TierKV:
@@ -140,7 +217,7 @@ class SyncTierKV:
         """Run ``fn(*args)`` on the facade's loop thread and return its result; ``fn`` may
         be a coroutine function (awaited there), e.g. one that makes several calls of
         :attr:`aio` in one hop."""
-        return self._portal().call(fn, *args)
+        return self._loop.call(fn, *args)
 
     def close(self) -> None:
         """Stop the scheduler service, close the store, join the loop thread; idempotent."""
@@ -172,7 +249,7 @@ class SyncTierKV:
         return self.aio.failed_jobs
 
     def scope(self, tenant: str | None = None) -> Scope:
-        return self._portal().call(lambda: self.aio.scope(tenant))
+        return self._call(lambda: self.aio.scope(tenant))
 
     def put(
         self,
@@ -186,19 +263,19 @@ class SyncTierKV:
     ) -> PutResult:
         """:meth:`TierKV.put`, from a synchronous thread."""
         kv = self.aio
-        return self._portal().call(
+        return self._call(
             lambda: kv.put(tokens, kv_data, block_type=block_type, tenant=tenant, durable=durable, start=start)
         )
 
     def lookup(self, tokens: object, *, tenant: str | None = None) -> LookupResult:
         """:meth:`TierKV.lookup`, from a synchronous thread."""
         kv = self.aio
-        return self._portal().call(lambda: kv.lookup(tokens, tenant=tenant))
+        return self._call(lambda: kv.lookup(tokens, tenant=tenant))
 
     def get(self, tokens: object, *, out: Any = None, tenant: str | None = None) -> GetResult:
         """:meth:`TierKV.get`, from a synchronous thread."""
         kv = self.aio
-        return self._portal().call(lambda: kv.get(tokens, out=out, tenant=tenant))
+        return self._call(lambda: kv.get(tokens, out=out, tenant=tenant))
 
     def put_paged(
         self,
@@ -214,7 +291,7 @@ class SyncTierKV:
     ) -> PutResult:
         """:meth:`TierKV.put_paged`, from a synchronous thread."""
         kv = self.aio
-        return self._portal().call(
+        return self._call(
             lambda: kv.put_paged(
                 tokens,
                 caches,
@@ -232,37 +309,37 @@ class SyncTierKV:
     ) -> GetResult:
         """:meth:`TierKV.get_paged`, from a synchronous thread."""
         kv = self.aio
-        return self._portal().call(lambda: kv.get_paged(tokens, caches, block_table, layout=layout, tenant=tenant))
+        return self._call(lambda: kv.get_paged(tokens, caches, block_table, layout=layout, tenant=tenant))
 
     def invalidate(self, *, tenant: str | None = None, all_tenants: bool = False, scope: Scope | None = None) -> int:
         """:meth:`TierKV.invalidate`, from a synchronous thread."""
         kv = self.aio
-        return self._portal().call(lambda: kv.invalidate(tenant=tenant, all_tenants=all_tenants, scope=scope))
+        return self._call(lambda: kv.invalidate(tenant=tenant, all_tenants=all_tenants, scope=scope))
 
     def prefetch(self, tokens: object, *, decode_position: int = 0, tenant: str | None = None) -> int:
         """:meth:`TierKV.prefetch`, from a synchronous thread."""
         kv = self.aio
-        return self._portal().call(lambda: kv.prefetch(tokens, decode_position=decode_position, tenant=tenant))
+        return self._call(lambda: kv.prefetch(tokens, decode_position=decode_position, tenant=tenant))
 
     def flush(self, scope: Scope | None = None, *, batch: int = 64) -> int:
         kv = self.aio
-        return self._portal().call(lambda: kv.flush(scope, batch=batch))
+        return self._call(lambda: kv.flush(scope, batch=batch))
 
     def checkpoint(self, name: str) -> CheckpointResult:
         kv = self.aio
-        return self._portal().call(kv.checkpoint, name)
+        return self._call(kv.checkpoint, name)
 
     def stage(self, request: str, tokens: object, kv_data: object, *, tenant: str | None = None) -> int:
         kv = self.aio
-        return self._portal().call(lambda: kv.stage(request, tokens, kv_data, tenant=tenant))
+        return self._call(lambda: kv.stage(request, tokens, kv_data, tenant=tenant))
 
     def commit(self, request: str, accepted_tokens: int, *, durable: bool = False) -> PutResult:
         kv = self.aio
-        return self._portal().call(lambda: kv.commit(request, accepted_tokens, durable=durable))
+        return self._call(lambda: kv.commit(request, accepted_tokens, durable=durable))
 
     def rollback(self, request: str, to_tokens: int | None = None) -> None:
         kv = self.aio
-        self._portal().call(kv.rollback, request, to_tokens)
+        self._call(kv.rollback, request, to_tokens)
 
     def hint(
         self,
@@ -276,7 +353,7 @@ class SyncTierKV:
     ) -> None:
         """:meth:`TierKV.hint`, run on the loop thread."""
         kv = self.aio
-        self._portal().call(
+        self._call(
             lambda: kv.hint(
                 transition=transition,
                 tool=tool,
@@ -289,22 +366,22 @@ class SyncTierKV:
 
     def report_attention(self, layer: int, head_scores: Any, positions: Any, query_pos: int, **kw: Any) -> None:
         kv = self.aio
-        self._portal().call(lambda: kv.report_attention(layer, head_scores, positions, query_pos, **kw))
+        self._call(lambda: kv.report_attention(layer, head_scores, positions, query_pos, **kw))
 
     def drain(self) -> None:
         """:meth:`TierKV.drain`, from a synchronous thread."""
-        self._portal().call(self.aio.drain)
+        self._call(self.aio.drain)
 
     def stats(self) -> dict[str, TierStats]:
-        return self._portal().call(self.aio.stats)
+        return self._call(self.aio.stats)
 
     def tenant_usage(self, tenant: str | None = None) -> dict[str, int]:
         kv = self.aio
-        return self._portal().call(kv.tenant_usage, tenant)
+        return self._call(kv.tenant_usage, tenant)
 
     def tenant_stats(self) -> dict[str, TenantStats]:
-        return self._portal().call(self.aio.tenant_stats)
+        return self._call(self.aio.tenant_stats)
 
     def invariant_violations(self, *, quiescent: bool = True) -> list[str]:
         kv = self.aio
-        return self._portal().call(lambda: kv.invariant_violations(quiescent=quiescent))
+        return self._call(lambda: kv.invariant_violations(quiescent=quiescent))

@@ -359,30 +359,34 @@ class Columns:
 
     def find_many(self, kb: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """The rows of the binary keys ``kb`` (an ``(n, 4)`` little-endian uint64 array of
-        32-byte keys), -1 where not indexed: the probes of :meth:`find_binary`, as arrays.
-        The views of the table taken here do not outlive the call."""
+        32-byte keys), -1 where not indexed: every key's first slot probed as arrays, the
+        few keys that are not in their first slot by :meth:`find_binary`. The views of the
+        table taken here do not outlive the call."""
         n = len(kb)
-        rows = np.full(n, -1, dtype=np.int64)
         if n == 0 or self.rows == 0:
-            return rows
+            return np.full(n, -1, dtype=np.int64)
         slots = np.frombuffer(self._slots, dtype=np.int32)
         keys = np.frombuffer(self.keys, dtype="<u8").reshape(-1, 4)
         try:
             mask = self._mask
             pos = kb[:, 0].view(np.int64) & mask
             r = slots[pos].astype(np.int64)
-            hit = (keys[np.maximum(r, 0)] == kb).min(axis=1) & (r >= 0)  # nearly every key: its first slot
-            rows[hit] = r[hit]
-            more = ~hit & (r != _EMPTY)
-            if more.any():
-                todo = np.flatnonzero(more)
-                pos = (pos[todo] + 1) & mask
-                while todo.size:
-                    r = slots[pos].astype(np.int64)
-                    hit = (keys[np.maximum(r, 0)] == kb[todo]).min(axis=1) & (r >= 0)
-                    rows[todo[hit]] = r[hit]
-                    more = ~hit & (r != _EMPTY)
-                    todo, pos = todo[more], (pos[more] + 1) & mask
+            hit = (keys[r] == kb).min(axis=1)  # a free slot (r < 0) reads some row's key:
+            hit &= r >= 0  # never a hit
+            rows = np.where(hit, r, -1)
+            todo = np.flatnonzero(~hit & (r != _EMPTY))
+            tpos = pos[todo]  # aligned with todo
+            for _ in range(3):  # the next slots of the keys that collided, as arrays
+                if todo.size < 8:
+                    break
+                tpos = (tpos + 1) & mask
+                r = slots[tpos].astype(np.int64)
+                hit = (keys[r] == kb[todo]).min(axis=1) & (r >= 0)
+                rows[todo[hit]] = r[hit]
+                keep = ~hit & (r != _EMPTY)
+                todo, tpos = todo[keep], tpos[keep]
+            for i in todo.tolist():  # the rest key by key (from their first slot)
+                rows[i] = self.find_binary(kb[i].tobytes())
         finally:
             del slots, keys
         return rows

@@ -101,6 +101,10 @@ class Entries:
         return ((e.key, e) for e in (handle(c, r) for r in self._rows()))
 
 
+#: up to this many keys the walk goes key by key (:meth:`Index.walk_rows`)
+_WALK_BY_KEY = 24
+
+
 class Index:
     """The entries of one store and the walk over them (see the module docstring)."""
 
@@ -245,14 +249,13 @@ class Index:
         A block whose serving tier and durable copy are both on unhealthy tiers ends it as
         ``tier_unhealthy``; a key not indexed as ``never_stored``.
 
-        The keys are probed and checked as arrays over the index's columns (no per-block
-        Python work): 64 blocks cost about what 5 do. Synchronous; the numpy views of the
-        columns it takes do not outlive the call (the columns may grow afterwards)."""
+        Past ``_WALK_BY_KEY`` keys they are probed and checked as arrays over the index's
+        columns (no per-block Python work; below it, numpy's fixed cost per operation is
+        more than the loop's). Synchronous; the numpy views of the columns it takes do not
+        outlive the call (the columns may grow afterwards)."""
         n = len(keys)
-        if n == 0:
-            return [], ""
         c = self.cols
-        if c.odd or any(len(k) != 32 for k in keys):
+        if n <= _WALK_BY_KEY or c.odd or set(map(len, keys)) != {32}:
             return self._walk_slow(keys, tid)
         kb = np.frombuffer(b"".join(keys), dtype="<u8").reshape(n, 4)
         rows = c.find_many(kb)
