@@ -12,6 +12,12 @@ venv="${TIERKV_TEST_VENV:-.venv-test}"
 source scripts/_venv.sh "$venv" "test,demo,codecs,replay,cxl,rdma,conformance"
 # the third-party example backend is installed like any user's plugin
 "$venv/bin/pip" install -q -e ./examples/redis_backend
+# SGLang's HiCache storage ABC and backend factory (tests/test_integration_sglang.py): the wheel without
+# its dependencies (they pin a CUDA torch), plus what `import sglang` needs on this CPU machine; sglang's
+# package __init__ imports triton unconditionally (sglang/srt/utils/common.py), so the real triton wheel
+# comes too (a 285 MB download, no GPU needed to import it)
+"$venv/bin/pip" install -q --no-deps "sglang==0.5.23" "triton==3.9.0" "orjson==3.13.0" "pybase64==1.5.1" \
+    "starlette==1.10.0" "msgspec==0.23.0" "pyzmq==27.3.0" "ipython==9.18.1" "traitlets==5.16.1"
 # system packages the tests need: redis-server (the example third-party backend) and libibverbs
 # (Mooncake's wheel links it even for TCP)
 need=()
