@@ -73,11 +73,30 @@ def _blocks(store: Any) -> int:
 @pytest.fixture(scope="module")
 def reference(loaded: Any, ids: list[int]) -> dict[int, list[int]]:
     """Greedy tokens of generate() without any cache, per prompt length used below."""
-    out = {}
-    for n in (150, 200):
-        x = torch.tensor([ids[:n]])
-        out[n] = _generate(loaded, x, torch.ones_like(x))[0]
-    return out
+    x = torch.tensor([ids[:200]])
+    return {200: _generate(loaded, x, torch.ones_like(x))[0]}
+
+
+@pytest.fixture(scope="module")
+def batch(loaded: Any, ids: list[int]) -> dict[str, Any]:
+    """Two left-padded batches (a prompt and its longer follow-up) and the follow-up's tokens without cache."""
+    pad = loaded.tokenizer.pad_token_id
+    a, b = ids[:150], ids[:100] + ids[160:180]  # b shares a's first 100 tokens, then differs
+    x = torch.tensor([a, [pad] * (len(a) - len(b)) + b])
+    mask = torch.tensor([[1] * len(a), [0] * (len(a) - len(b)) + [1] * len(b)])
+    longer = torch.tensor([a + ids[150:170], [pad] * (len(a) - len(b)) + b + ids[180:200]])
+    lmask = torch.tensor([[1] * (len(a) + 20), [0] * (len(a) - len(b)) + [1] * (len(b) + 20)])
+    _, cache = hf.prefill_cache(loaded, x, attention_mask=mask)
+    return {
+        "a": a,
+        "b": b,
+        "x": x,
+        "mask": mask,
+        "cache": cache,
+        "longer": longer,
+        "lmask": lmask,
+        "want": _generate(loaded, longer, lmask),
+    }
 
 
 @pytest.mark.anyio
@@ -128,26 +147,22 @@ async def test_second_longer_prompt_stores_only_new_blocks(anyio_backend: str, l
 
 
 @pytest.mark.anyio
-async def test_batch_of_two_prompts_of_different_lengths(anyio_backend: str, loaded: Any, ids: list[int]) -> None:
+async def test_batch_of_two_prompts_of_different_lengths(
+    anyio_backend: str, loaded: Any, batch: dict[str, Any]
+) -> None:
     """Left padding; the rows share a prefix, so the second row's shared blocks are not written twice."""
-    pad = loaded.tokenizer.pad_token_id
-    a, b = ids[:150], ids[:100] + ids[160:180]  # b shares a's first 100 tokens, then differs
-    x = torch.tensor([a, [pad] * (len(a) - len(b)) + b])
-    mask = torch.tensor([[1] * len(a), [0] * (len(a) - len(b)) + [1] * len(b)])
     async with await TierKV.open(_config(loaded)) as store:
-        _, cache = hf.prefill_cache(loaded, x, attention_mask=mask)
-        res = await hf.store_cache(store, loaded, x, cache, attention_mask=mask)
+        res = await hf.store_cache(store, loaded, batch["x"], batch["cache"], attention_mask=batch["mask"])
         assert res.tokens == (128, 96) and res.new_blocks == (4, 0) and res.existing_blocks == (0, 3)
         assert _blocks(store) == 4
-        assert (await store.lookup(b)).tokens == 96  # stored under the row's own (unpadded) tokens
+        assert (await store.lookup(batch["b"])).tokens == 96  # stored under the row's own (unpadded) tokens
 
-        longer = torch.tensor([a + ids[150:170], [pad] * (len(a) - len(b)) + b + ids[180:200]])
-        lmask = torch.tensor([[1] * (len(a) + 20), [0] * (len(a) - len(b)) + [1] * (len(b) + 20)])
-        hit = await hf.load_cache(store, loaded, longer, attention_mask=lmask)
+        hit = await hf.load_cache(store, loaded, batch["longer"], attention_mask=batch["lmask"])
         # row 0 has 128 stored real tokens at columns 0..127; row 1 has 96 at columns 30..125
         assert hit.stored_tokens == (128, 96) and hit.tokens == 30 + 96 and hit.row_tokens == (126, 96)
-        want = _generate(loaded, longer, lmask)  # the same batch without any cache
-        assert _generate(loaded, longer, lmask, **hit.generate_kwargs) == want
+        assert hit.cache.get_seq_length() == 126
+        got = _generate(loaded, batch["longer"], batch["lmask"], **hit.generate_kwargs)
+        assert got == batch["want"]  # the same batch without any cache
 
 
 def test_sync_facade_round_trip(loaded: Any, ids: list[int], reference: dict[int, list[int]]) -> None:
