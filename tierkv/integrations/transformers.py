@@ -1,4 +1,17 @@
-"""Use tierkv with Hugging Face ``transformers``: KV <-> cache conversion, prefill from stored KV, greedy decoding.
+"""Use tierkv with Hugging Face ``transformers``: a ``DynamicCache`` bridge, KV <-> cache conversion, greedy decoding.
+
+The Cache bridge (docs/transformers.md)::
+
+    from tierkv.integrations.transformers import load_cache, model_config, prefill_cache, store_cache
+
+    store = await tierkv.TierKV.open({"model": model_config(model), ...})   # the model's key scope
+    _, cache = prefill_cache(model, ids)                 # or generate()'s cache
+    await store_cache(store, model, ids, cache)          # only the whole blocks not stored yet
+    hit = await load_cache(store, model, followup_ids)   # a DynamicCache of the longest stored prefix
+    model.generate(input_ids=followup_ids, **hit.generate_kwargs)   # continues exactly as without it
+
+(``store_cache_sync``/``load_cache_sync`` for ``TierKV.open_sync``; left-padded batches with
+``attention_mask``.) The lower-level helpers:
 
 Public helpers for any ``transformers`` causal LM (the demo uses them on SmolLM2-135M-Instruct)::
 
