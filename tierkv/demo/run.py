@@ -6,11 +6,13 @@ What it does (progress lines go to stdout as it runs):
    dequantized to float32 by ``transformers``; see :mod:`tierkv.demo.smollm2`).
 2. Builds a prompt of about ``--prompt-tokens`` tokens of real text: a long ShareGPT
    conversation under the chat template, then a first question. Prefills it (the first
-   request), answers it greedily, and stores the prompt's KV in tierkv (DRAM + PFS tiers).
+   request), answers it greedily, and stores the prompt's KV in tierkv (DRAM + PFS tiers)
+   straight from the model's cache (:func:`~tierkv.integrations.transformers.store_cache`).
 3. A follow-up request repeats the conversation, the answer and a second question, so it
    shares the first prompt as a prefix. It is answered twice:
-   *recompute*: a full prefill of the follow-up; *cached*: ``lookup`` + ``get`` of the
-   longest stored prefix from tierkv, then a prefill of the remaining tokens only.
+   *recompute*: a full prefill of the follow-up; *cached*: the longest stored prefix loaded
+   from tierkv into a ``transformers`` cache (:func:`~tierkv.integrations.transformers.load_cache`:
+   ``lookup`` + ``get`` straight into the cache's memory), then a prefill of the remaining tokens only.
    Time-to-first-token (TTFT) of each is the median of ``--runs`` runs (3 by default: the
    machine is noisy); the cached TTFT includes the lookup and the fetch. The greedy tokens
    of both must be identical.
@@ -47,9 +49,16 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
-from tierkv import TierKV
+from tierkv import ModelSpec, TierKV
 from tierkv.errors import PluginUnavailableError, TierKVError
-from tierkv.integrations.transformers import chat_prompt_ids, generate_greedy, prefill
+from tierkv.integrations.transformers import (
+    chat_prompt_ids,
+    generate_greedy,
+    load_cache,
+    model_config,
+    prefill_cache,
+    store_cache,
+)
 
 from .sharegpt import sharegpt_conversations
 from .smollm2 import load_smollm2
@@ -58,6 +67,7 @@ __all__ = ["build_prompts", "main", "run_demo", "run_warm_start"]
 
 _Q1 = "Given the conversation above, what is its main topic? Answer in one sentence."
 _Q2 = "Thanks. Now list three follow-up questions I could ask about it."
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 _REQUEST = "warm_request.json"
 _RESULT = "warm_result.json"
 
@@ -90,12 +100,7 @@ def _tierkv_config(loaded: Any, pfs_dir: Path, dram_capacity: int | None, block_
         tiers.append({"name": "dram", "backend": "dram", "capacity": str(dram_capacity)})
     tiers.append({"name": "pfs", "backend": "pfs", "path": str(pfs_dir), "capacity": "8GiB"})
     return {
-        "model": {
-            "name": loaded.name,
-            "revision": loaded.revision,
-            "weights_fingerprint": loaded.weights_fingerprint,
-            "hf_config": loaded.hf_config,
-        },
+        "model": model_config(loaded),
         "kv_dtype": loaded.dtype,
         "block_tokens": block_tokens,
         "tiers": tiers,
@@ -105,9 +110,9 @@ def _tierkv_config(loaded: Any, pfs_dir: Path, dram_capacity: int | None, block_
 async def _timed_cached_runs(
     kv: Any, loaded: Any, followup: list[int], new_tokens: int, runs: int, parts: dict[str, float] | None = None
 ) -> tuple[list[float], list[list[int]], int, tuple[str, ...], float]:
-    """``runs`` times: lookup + get the prefix, then generate; returns TTFTs, token lists, prefix,
-    tiers, fetch s. ``parts`` receives the medians of where the cached TTFT went (``lookup_s``,
-    ``get_s``, ``cache_s``, ``prefill_s``, ``prefill_tokens``)."""
+    """``runs`` times: load the prefix into a cache (lookup + get), then generate; returns TTFTs, token
+    lists, prefix, tiers, fetch s. ``parts`` receives the medians of where the cached TTFT went
+    (``lookup_s``, ``get_s``, ``cache_s``, ``prefill_s``, ``prefill_tokens``)."""
     ttfts: list[float] = []
     outputs: list[list[int]] = []
     fetches: list[float] = []
@@ -116,21 +121,16 @@ async def _timed_cached_runs(
     tiers: tuple[str, ...] = ()
     for _ in range(runs):
         start = time.perf_counter()
-        lk = await kv.lookup(followup)
-        looked = time.perf_counter()
-        got = await kv.get(followup) if lk.tokens else None
+        hit = await load_cache(kv, loaded, followup)  # at most len(followup) - 1 tokens: one is prefilled
         fetched = time.perf_counter() - start
-        timings: dict[str, float] = {"lookup_s": looked - start, "get_s": fetched - (looked - start)}
-        past = got.kv if got is not None and got.tokens > 0 else None
-        if got is not None and got.tokens >= len(followup):  # at least one token must be prefilled
-            past = got.kv[:, :, : len(followup) - 1]
-        prefix = 0 if past is None else int(past.shape[2])
-        tiers = got.tiers if got is not None else ()
+        prefix, tiers = hit.tokens, hit.tiers
+        timings: dict[str, float] = {}
 
-        def gen(past: Any = past, timings: dict[str, float] = timings) -> tuple[list[int], float]:
-            return generate_greedy(loaded, [followup], past_kv=past, max_new_tokens=new_tokens, timings=timings)
+        def gen(cache: Any = hit.cache, timings: dict[str, float] = timings) -> tuple[list[int], float]:
+            return generate_greedy(loaded, [followup], cache=cache, max_new_tokens=new_tokens, timings=timings)
 
         tokens, ttft = await anyio.to_thread.run_sync(gen)
+        timings.update({"lookup_s": hit.lookup_s, "get_s": hit.get_s, "cache_s": hit.build_s})
         ttfts.append(fetched + ttft)
         fetches.append(fetched)
         outputs.append(tokens)
@@ -174,9 +174,11 @@ async def run_demo(
     )
 
     _say("first request: prefill the prompt and answer it ...")
-    _logits, kv_first = await anyio.to_thread.run_sync(lambda: prefill(loaded, [first]))
+    # the cache of all but the last token; answering prefills that one and extends the cache in place,
+    # so afterwards it holds (at least) the whole prompt's KV, which is stored below
+    _logits, cache_first = await anyio.to_thread.run_sync(lambda: prefill_cache(loaded, [first[:-1]]))
     answer, _ = await anyio.to_thread.run_sync(
-        lambda: generate_greedy(loaded, [first], past_kv=kv_first[:, :, : len(first) - 1], max_new_tokens=new_tokens)
+        lambda: generate_greedy(loaded, [first], cache=cache_first, max_new_tokens=new_tokens)
     )
     answer_text = tok.decode(answer, skip_special_tokens=True).strip()
     _say(f"answer 1: {answer_text!r}")
@@ -184,7 +186,7 @@ async def run_demo(
     shared = next((i for i, (a, b) in enumerate(zip(first, followup, strict=False)) if a != b), len(first))
     _say(f"follow-up: {len(followup)} tokens, sharing its first {shared} tokens with the first prompt")
 
-    kv_bytes_per_token = int(kv_first[:, :, :1].numel()) * kv_first.element_size()
+    kv_bytes_per_token = ModelSpec.from_hf_config(loaded.hf_config).bytes_per_token(_DTYPE_BYTES[loaded.dtype])
     block_bytes = kv_bytes_per_token * block_tokens
     blocks = len(first) // block_tokens
     dram = max(1, (blocks + 1) // 2) * block_bytes if dram_capacity == "auto" else None
@@ -210,10 +212,10 @@ async def run_demo(
     async with await TierKV.open(config) as kv:
         _say(f"(b) tierkv tiers: {[(t['name'], t.get('capacity')) for t in config['tiers']]}; PFS at {pfs_dir}")
         t0 = time.perf_counter()
-        put = await kv.put(first, kv_first.numpy())
+        put = await store_cache(kv, loaded, [first], cache_first)
         _say(
-            f"    stored {put.tokens} tokens ({put.new_blocks} blocks of {block_tokens}; {put.tail_tokens} tail tokens"
-            f" not stored) in {time.perf_counter() - t0:.2f} s"
+            f"    stored {put.tokens[0]} tokens ({put.new_blocks[0]} blocks of {block_tokens}; {put.tail_tokens[0]}"
+            f" tail tokens not stored) from the model's cache in {time.perf_counter() - t0:.2f} s"
         )
         lk = await kv.lookup(followup)
         _say(f"    lookup(follow-up): {lk.tokens} tokens stored; blocks per tier: {_count(lk.block_tiers)}")
