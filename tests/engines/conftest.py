@@ -10,7 +10,8 @@ Fixtures:
 - ``vllm_engine_env``: the environment for in-process engines (session-wide; set before any engine starts):
   ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the engine core runs in the test process), ``VLLM_CPU_KVCACHE_SPACE=1``
   (1 GiB of KV cache), ``VLLM_CACHE_ROOT`` in a temporary directory, offline Hugging Face switches.
-- ``vllm_engine_kwargs``: the ``vllm.LLM`` keyword arguments every engine test uses (add ``kv_transfer_config``).
+- ``vllm_engine_kwargs``: the ``vllm.LLM`` keyword arguments every engine test uses (add ``kv_transfer_config``);
+  its dtype is :func:`engine_dtype` (``TIERKV_VLLM_DTYPE``), so tests must not assume bf16 KV caches.
 
 Test modules here share pytest's rootdir import mode with tests/: their basenames must differ from those in tests/.
 """
@@ -29,6 +30,17 @@ _HERE = Path(__file__).resolve().parent
 #: LLM(...) arguments of every engine test: the shapes tierkv's vLLM connector is tested with
 BLOCK_SIZE = 32
 MAX_MODEL_LEN = 2048
+
+
+def engine_dtype() -> str:
+    """``$TIERKV_VLLM_DTYPE`` (scripts/test.sh engines sets it), else ``bfloat16`` where the CPU computes bf16
+    natively (avx512_bf16 / amx_bf16), else ``float32`` (bf16 runs ~30x slower than fp32 on an AVX2-only CPU).
+    Same rule as scripts/prepare_vllm_model.py's ``engine_dtype``."""
+    chosen = os.environ.get("TIERKV_VLLM_DTYPE")
+    if chosen:
+        return chosen
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -87,7 +99,7 @@ def vllm_engine_kwargs(vllm_model_dir: Path, vllm_engine_env: dict[str, str]) ->
     """Keyword arguments for ``vllm.LLM`` (a fresh dict per session; copy it before changing it)."""
     return {
         "model": str(vllm_model_dir),
-        "dtype": "bfloat16",
+        "dtype": engine_dtype(),  # the weights are bf16; an AVX2-only CPU computes in float32
         "enforce_eager": True,
         "block_size": BLOCK_SIZE,
         "max_model_len": MAX_MODEL_LEN,
