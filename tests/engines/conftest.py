@@ -9,7 +9,8 @@ Fixtures:
 - ``vllm_model_dir``: the converted model directory (``TIERKV_VLLM_MODEL``); fails, never skips, when it is not set.
 - ``vllm_engine_env``: the environment for in-process engines (session-wide; set before any engine starts):
   ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the engine core runs in the test process), ``VLLM_CPU_KVCACHE_SPACE=1``
-  (1 GiB of KV cache), ``VLLM_CACHE_ROOT`` in a temporary directory, offline Hugging Face switches.
+  (1 GiB of KV cache), ``VLLM_CPU_OMP_THREADS_BIND=nobind``, ``VLLM_CACHE_ROOT`` in a temporary directory,
+  offline Hugging Face switches. (``OMP_NUM_THREADS=1`` must be set before torch loads: scripts/test.sh does.)
 - ``vllm_engine_kwargs``: the ``vllm.LLM`` keyword arguments every engine test uses (add ``kv_transfer_config``);
   its dtype is :func:`engine_dtype` (``TIERKV_VLLM_DTYPE``), so tests must not assume bf16 KV caches.
 
@@ -85,6 +86,9 @@ def vllm_engine_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
         "TRANSFORMERS_OFFLINE": "1",
         "HF_HUB_DISABLE_TELEMETRY": "1",
         "TOKENIZERS_PARALLELISM": "false",
+        # unbound OpenMP threads (scripts/test.sh engines also sets OMP_NUM_THREADS=1 before Python starts:
+        # bound threads made every op wait for a time slice on a busy 2-core machine)
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     }
     chosen = {name: os.environ.get(name, value) for name, value in values.items()}
     chosen["VLLM_CACHE_ROOT"] = str(tmp_path_factory.mktemp("vllm-cache"))
