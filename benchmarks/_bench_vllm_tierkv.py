@@ -6,7 +6,8 @@ tail (``prefix + tail``: the stored prefix plus its own tail, so no repetition i
 first), ``max_tokens=1``: the wall time of ``generate`` is the time to the first token. ``load_s`` is the
 connector's own time in ``get_paged`` for that request (:func:`tierkv.integrations.vllm.connector_stats`).
 
-Run through ``bench_vllm.py`` (which adds the recompute and ExampleConnector rows and compares outputs), or
+``bench_vllm.py`` imports :func:`tierkv_kv_transfer_config` and :func:`tierkv_hit_stats` (its connector
+helpers). Run through ``bench_vllm.py`` (which adds the recompute and ExampleConnector rows and compares outputs), or
 alone for these rows and a recompute baseline::
 
     TIERKV_VLLM_MODEL=<model dir> <engines venv>/bin/python benchmarks/_bench_vllm_tierkv.py [--json FILE]
@@ -52,6 +53,52 @@ class TierkvRun:
         return statistics.median(self.load_s)
 
 
+def tierkv_tier_config(work: Path, tier: str) -> dict[str, Any]:
+    """tierkv's configuration for one ``tier``: ``"dram"`` (512 MiB) or ``"pfs"`` (rooted at ``work/tierkv-pfs``,
+    a directory that outlives the engine, so a restarted engine finds the blocks)."""
+    if tier == "dram":
+        return {"tiers": [{"name": "dram", "backend": "dram", "capacity": "512MiB"}]}
+    if tier == "pfs":
+        return {
+            "tiers": [{"name": "pfs", "backend": "pfs", "path": str(Path(work) / "tierkv-pfs"), "capacity": "2GiB"}]
+        }
+    raise ValueError(f"tier: 'dram' or 'pfs', got {tier!r}")
+
+
+def tierkv_kv_transfer_config(
+    work: Path, tier: str, *, connector: str = "TimedTierKVConnector", module: str = "bench_vllm"
+) -> Any:
+    """The ``KVTransferConfig`` of tierkv's connector over one ``tier`` (see :func:`tierkv_tier_config`), for
+    ``bench_vllm.py``: its ``TimedTierKVConnector`` (tierkv's connector with ``start_load_kv`` timed like
+    ExampleConnector's) from module ``bench_vllm``; vLLM recomputes a block that fails to load."""
+    from vllm.config import KVTransferConfig
+
+    return KVTransferConfig(
+        kv_connector=connector,
+        kv_connector_module_path=module,
+        kv_role="kv_both",
+        kv_load_failure_policy="recompute",
+        kv_connector_extra_config={"tierkv_config": tierkv_tier_config(work, tier)},
+    )
+
+
+def tierkv_hit_stats() -> dict[str, Any]:
+    """tierkv's own counters in this process: the connector's (:class:`~tierkv.integrations.vllm.ConnectorStats`:
+    lookups, tokens loaded, load time, blocks stored, ...) and, per tier of the stores open now, hits, misses and
+    bytes read."""
+    from tierkv.integrations.vllm import connector_stats, open_stores
+
+    tiers: dict[str, dict[str, int]] = {}
+    for store in open_stores():
+        for name, st in store.stats().items():
+            t = tiers.setdefault(name, {"hits": 0, "misses": 0, "bytes_out": 0, "blocks": 0})
+            t["hits"] += st.hits
+            t["misses"] += st.misses
+            t["bytes_out"] += st.bytes_out
+            t["blocks"] += st.blocks
+    return {"connector": asdict(connector_stats()), "tiers": tiers}
+
+
 def set_engine_env(cache_root: str) -> None:
     """The in-process CPU engine's environment (before vllm is imported)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -61,11 +108,22 @@ def set_engine_env(cache_root: str) -> None:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+def engine_dtype() -> str:
+    """``$TIERKV_VLLM_DTYPE``, else bf16 where the CPU computes it natively (avx512_bf16 / amx_bf16), else
+    float32 (bf16 runs ~30x slower than fp32 on an AVX2-only CPU): the rule of tests/engines/conftest.py."""
+    chosen = os.environ.get("TIERKV_VLLM_DTYPE")
+    if chosen:
+        return chosen
+    cpuinfo = Path("/proc/cpuinfo")
+    flags = cpuinfo.read_text() if cpuinfo.is_file() else ""
+    return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
+
+
 def engine_kwargs(model_dir: str) -> dict[str, Any]:
     """The engine of the benchmark (the tests' engine)."""
     return {
         "model": model_dir,
-        "dtype": "bfloat16",
+        "dtype": engine_dtype(),
         "enforce_eager": True,
         "block_size": 32,
         "max_model_len": 2048,
@@ -131,8 +189,7 @@ def bench_tierkv_dram(
     kwargs: Mapping[str, Any], prefix: Sequence[int], seed_tail: Sequence[int], tails: Sequence[Sequence[int]]
 ) -> TierkvRun:
     """TTFT with the prefix held in tierkv's DRAM tier (stored by a first request of the same engine)."""
-    cfg = {"tiers": [{"name": "dram", "backend": "dram", "capacity": "512MiB"}]}
-    llm = open_llm(kwargs, cfg)
+    llm = open_llm(kwargs, tierkv_tier_config(Path("."), "dram"))
     try:
         _store_prefix(llm, prefix, seed_tail)
         return timed_requests(llm, [[*prefix, *t] for t in tails], connector=True)
@@ -150,7 +207,7 @@ def bench_tierkv_pfs_restart(
     """TTFT with the prefix in a pfs tier written by a previous engine: the first engine stores it and is shut
     down (its store closed), a new engine opens a new store over the same directory (warm start from the
     files) and serves the timed requests. The files may still be in the OS page cache (same machine)."""
-    cfg = {"tiers": [{"name": "pfs", "backend": "pfs", "path": str(pfs_dir), "capacity": "2GiB"}]}
+    cfg = tierkv_tier_config(Path(pfs_dir), "pfs")
     llm = open_llm(kwargs, cfg)
     try:
         _store_prefix(llm, prefix, seed_tail)
