@@ -3,8 +3,8 @@
 One engine is alive at a time (vLLM keeps one KV connector per process): a baseline engine without the
 connector computes the reference outputs of every prompt first, then the connector engines run. Prompts are
 real text (ShareGPT) sharing a 1,100-token prefix two by two; tierkv's
-blocks are 128 tokens (the default for this GQA model, a multiple of vLLM's 32-token blocks), so a hit is
-the 1,024-token block-aligned shared prefix.
+blocks are set to 128 tokens (four of vLLM's 32-token blocks: tierkv's and the engine's blocks do not
+coincide), so a hit is the 1,024-token block-aligned shared prefix.
 """
 
 from __future__ import annotations
@@ -104,11 +104,14 @@ def pfs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def pfs_config(path: Path) -> dict[str, Any]:
-    return {"tiers": [{"name": "pfs", "backend": "pfs", "path": str(path), "capacity": "1GiB"}]}
+    return {"block_tokens": 128, "tiers": [{"name": "pfs", "backend": "pfs", "path": str(path), "capacity": "1GiB"}]}
 
 
 def dram_pfs_config(path: Path) -> dict[str, Any]:
-    return {"tiers": [{"name": "dram", "backend": "dram", "capacity": "256MiB"}, *pfs_config(path)["tiers"]]}
+    return {
+        **pfs_config(path),
+        "tiers": [{"name": "dram", "backend": "dram", "capacity": "256MiB"}, *pfs_config(path)["tiers"]],
+    }
 
 
 def delta(before: Any, after: Any) -> dict[str, float]:
@@ -218,7 +221,10 @@ def failing_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def test_blocks_that_fail_to_load_are_recomputed(
     engines: Engines, baseline: dict[str, list[list[int]]], prompts: dict[str, list[list[int]]], failing_backend: str
 ) -> None:
-    cfg = {"tiers": [{"name": "flaky", "backend": failing_backend, "capacity": "256MiB", "ok_reads": 3}]}
+    cfg = {
+        "block_tokens": 128,
+        "tiers": [{"name": "flaky", "backend": failing_backend, "capacity": "256MiB", "ok_reads": 3}],
+    }
     llm = engines.get("failing", cfg)
     (first,), s_first, _ = run(llm, prompts["fail"][:1])
     assert s_first["saved_blocks"] == len(prompts["fail"][0]) // 128

@@ -61,7 +61,6 @@ import hashlib
 import importlib
 import json
 import logging
-import math
 import re
 import threading
 import time
@@ -374,9 +373,8 @@ def _setup(vllm_config: Any, tp_rank: int) -> _Setup:
         )
     layout = PagedLayout.named(layout_name, bs)
     requested = extra.get("block_tokens", cfg.get("block_tokens"))
-    if requested is None:
-        spec_default = Config.load({**cfg, "block_tokens": 0}, env={}).model.default_block_tokens()
-        requested = math.lcm(spec_default, bs)
+    if requested is None:  # vLLM's own block: a hit as fine-grained as the engine's cache
+        requested = bs
     if isinstance(requested, bool) or not isinstance(requested, int) or requested < bs or requested % bs:
         raise ConfigError("block_tokens", requested, f"a positive multiple of vLLM's block_size ({bs})")
     cfg["block_tokens"] = requested
