@@ -139,23 +139,9 @@ def tierkv_connector_available() -> bool:
     return "TimedTierKVConnector" in globals()
 
 
-# --- the pieces the connector helper fills ---------------------------------------------------------------
+# --- tierkv's connector: its transfer config and its counters (benchmarks/_bench_vllm_tierkv.py) --------
 
-
-def tierkv_kv_transfer_config(work: Path, tier: str) -> Any:
-    """CONNECTOR HELPER: the ``KVTransferConfig`` of tierkv's connector with one ``tier`` ("dram" or "pfs").
-
-    ``work`` is a directory that survives between the two processes of ``tierkv_pfs_restart`` (put the pfs
-    tier's root under it). Must use ``kv_connector="TimedTierKVConnector"``, ``kv_connector_module_path=
-    "bench_vllm"`` so the load time is measured like ExampleConnector's.
-    """
-    raise NotImplementedError("tierkv_kv_transfer_config: the connector helper fills this in")
-
-
-def tierkv_hit_stats() -> dict[str, Any]:
-    """CONNECTOR HELPER: tierkv's own counters after the measured calls (hits, bytes read per tier), for the
-    report; ``{}`` when there is nothing to add."""
-    return {}
+from _bench_vllm_tierkv import tierkv_hit_stats, tierkv_kv_transfer_config  # noqa: E402
 
 
 # --- one scenario in this process ------------------------------------------------------------------------

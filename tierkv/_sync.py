@@ -267,10 +267,10 @@ class SyncTierKV:
             lambda: kv.put(tokens, kv_data, block_type=block_type, tenant=tenant, durable=durable, start=start)
         )
 
-    def lookup(self, tokens: object, *, tenant: str | None = None) -> LookupResult:
+    def lookup(self, tokens: object, *, tenant: str | None = None, layout: PagedLayout | None = None) -> LookupResult:
         """:meth:`TierKV.lookup`, from a synchronous thread."""
         kv = self.aio
-        return self._call(lambda: kv.lookup(tokens, tenant=tenant))
+        return self._call(lambda: kv.lookup(tokens, tenant=tenant, layout=layout))
 
     def get(self, tokens: object, *, out: Any = None, tenant: str | None = None) -> GetResult:
         """:meth:`TierKV.get`, from a synchronous thread."""

@@ -326,13 +326,20 @@ class TierKV:
             raise KVLayoutError("caches", f"{self._s.block_nbytes} bytes per block", pc.part_nbytes)
         return pc
 
-    async def lookup(self, tokens: object, *, tenant: str | None = None) -> LookupResult:
+    async def lookup(
+        self, tokens: object, *, tenant: str | None = None, layout: PagedLayout | None = None
+    ) -> LookupResult:
         """How many leading tokens are stored, and in which tiers (no data moved).
+
+        ``layout``: look up blocks stored by :meth:`put_paged` in that paged layout (their
+        keys are seeded by the layout); without it, blocks stored by :meth:`put`.
 
         Raises TokensError, InputError, ClosedError.
         """
         self._s.check_open()
-        arr, keys, tid = self._s.keys(tokens, tenant)
+        if layout is not None and not isinstance(layout, PagedLayout):
+            raise InputError(f"layout: expected a tierkv.PagedLayout or None, got {type(layout).__name__}")
+        arr, keys, tid = self._s.keys(tokens, tenant, None if layout is None else layout.key_id)
         with self._s.tel.timed("lookup") as span:
             rows, reason = self._s.index.walk_rows(keys, tid)
             if reason == "never_stored" and await self._s.reader.adopt_shared(keys, len(rows), tid):
