@@ -143,7 +143,6 @@ def tierkv_connector_available() -> bool:
 
 from _bench_vllm_tierkv import tierkv_hit_stats, tierkv_kv_transfer_config  # noqa: E402
 
-
 # --- one scenario in this process ------------------------------------------------------------------------
 
 
