@@ -109,8 +109,11 @@ def read_back(caches: list[Any], table: np.ndarray, layout: PagedLayout, n: int,
 CASES = [(name, eb) for name in sorted(LAYOUTS) for eb in (BT // 2, BT)]
 
 
+@pytest.mark.parametrize("tables", ["shuffled", "runs"])
 @pytest.mark.parametrize(("name", "eb"), CASES)
-async def test_round_trip_through_other_engine_blocks(tmp_path: Path, name: str, eb: int) -> None:
+async def test_round_trip_through_other_engine_blocks(tmp_path: Path, name: str, eb: int, tables: str) -> None:
+    """``runs``: block tables of consecutive engine blocks (moved as views of the caches)
+    with one wrap-around (a gather), beside shuffled ones (gathers)."""
     mla = name == "mla"
     cfg = (
         smol_config(
@@ -124,7 +127,10 @@ async def test_round_trip_through_other_engine_blocks(tmp_path: Path, name: str,
     kv = np.random.default_rng(1).standard_normal((layers, N, 576)).astype(np.float16) if mla else kv_for(N, seed=1)
     layout = PagedLayout.named(name, eb)
     rng = np.random.default_rng(2)
-    t_put, t_get = rng.permutation(NB), rng.permutation(NB)
+    if tables == "runs":
+        t_put, t_get = np.arange(NB), np.roll(np.arange(NB), 3)
+    else:
+        t_put, t_get = rng.permutation(NB), rng.permutation(NB)
     src = empty_caches(layers, layout, kv)
     fill(src, kv, t_put, layout, N)
     async with await TierKV.open(cfg) as store:

@@ -189,9 +189,17 @@ class PagedCaches:
             raise InputError(f"block_table[{bad}] = {int(ids[bad])} is outside the caches' {self.num_blocks} blocks")
         return ids
 
-    def taken(self, ids: np.ndarray[Any, Any]) -> list[Taken]:
+    def taken(self, ids: np.ndarray[Any, Any]) -> list[Taken | np.ndarray[Any, Any]]:
         """The parts of the tierkv block made of engine blocks ``ids``, in its byte order
-        (a backend with :class:`~tierkv.backend.SupportsArrayIO` copies them in one go)."""
+        (a backend with :class:`~tierkv.backend.SupportsArrayIO` copies them in one go):
+        a view of each cache when ``ids`` is one run of consecutive blocks (the common
+        case, and always when an engine block is a whole tierkv block), else a
+        :class:`~tierkv.backend.Taken` gather."""
+        n = len(ids)
+        if n and int(ids[-1]) - int(ids[0]) == n - 1 and (n < 3 or bool((np.diff(ids) == 1).all())):
+            a = int(ids[0])
+            sl = (slice(None),) * self.axis + (slice(a, a + n),)
+            return [p[sl] for parts in self.layers for p in parts]
         return [Taken(p, ids, self.axis) for parts in self.layers for p in parts]
 
     def scatter(self, ids: np.ndarray[Any, Any], data: memoryview) -> None:
@@ -200,7 +208,10 @@ class PagedCaches:
         off = 0
         for t in self.taken(ids):
             n = t.nbytes
-            t.scatter_from(buf[off : off + n].view(t.array.dtype).reshape(t.shape))
+            if isinstance(t, Taken):
+                t.scatter_from(buf[off : off + n].view(t.array.dtype).reshape(t.shape))
+            else:
+                t[...] = buf[off : off + n].view(t.dtype).reshape(t.shape)
             off += n
 
 
@@ -221,6 +232,6 @@ class PagedSink:
         """Scatter block ``i``'s bytes into its engine blocks."""
         self.caches.scatter(self.ids_of(i), data)
 
-    def parts(self, i: int) -> list[Taken]:
+    def parts(self, i: int) -> list[Taken | np.ndarray[Any, Any]]:
         """Where block ``i``'s bytes go, for a backend that scatters them itself."""
         return self.caches.taken(self.ids_of(i))

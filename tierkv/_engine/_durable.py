@@ -37,7 +37,7 @@ log = logging.getLogger("tierkv")
 
 #: a block's raw bytes: flat; an array of any strides whose elements in C order they are; or
 #: parts (arrays, :class:`~tierkv.backend.Taken` engine blocks) whose bytes follow each other
-BlockData = memoryview | np.ndarray[Any, Any] | list[Taken]
+BlockData = memoryview | np.ndarray[Any, Any] | list[Taken | np.ndarray[Any, Any]]
 
 
 def nbytes_of(data: BlockData) -> int:
@@ -53,7 +53,11 @@ def flat(data: BlockData) -> memoryview:
     buf = np.empty(nbytes_of(data), dtype=np.uint8)
     off = 0
     for t in data:
-        t.gather_into(buf[off : off + t.nbytes].view(t.array.dtype).reshape(t.shape))
+        dst = buf[off : off + t.nbytes]
+        if isinstance(t, Taken):
+            t.gather_into(dst.view(t.array.dtype).reshape(t.shape))
+        else:
+            np.copyto(dst.view(t.dtype).reshape(t.shape), t)
         off += t.nbytes
     return buf.data
 
