@@ -384,46 +384,45 @@ class TierKVHiCacheStorage(HiCacheStorage):  # type: ignore[misc]
         return [int(s) for s in starts.tolist()]
 
     def _get_into(self, tokens: list[np.ndarray[Any, Any]], views: list[Any]) -> list[bool]:
-        P, tenant = int(self._pool.page_size), self.tenant
-        ok = [False] * len(tokens)
-        errors: list[BaseException] = []
-
-        async def run(kv: TierKV) -> None:
-            async def one(i: int) -> None:
-                try:
-                    r = await kv.get(tokens[i], out=views[i], tenant=tenant)
-                    ok[i] = r.tokens == P
-                except (BackendError, LoadFailedError):
-                    ok[i] = False  # the tier failed: this page is not loaded
-                except TierKVError as exc:
-                    errors.append(exc)
-
-            async with anyio.create_task_group() as tg:
-                for i in range(len(tokens)):
-                    tg.start_soon(one, i)
-
-        self._hop(run)
-        if errors:
-            raise errors[0]
-        return ok
+        tenant = self.tenant
+        # a tier that failed: this page is not loaded
+        return self._per_page(
+            len(tokens),
+            lambda kv, i: kv.get(tokens[i], out=views[i], tenant=tenant),
+            (BackendError, LoadFailedError),
+        )
 
     def _put_from(self, tokens: list[np.ndarray[Any, Any]], views: list[Any]) -> list[bool]:
-        P, tenant, durable = int(self._pool.page_size), self.tenant, self._durable
-        ok = [False] * len(tokens)
+        tenant, durable = self.tenant, self._durable
+        # no room, or the tier failed: this page is not stored
+        return self._per_page(
+            len(tokens), lambda kv, i: kv.put(tokens[i], views[i], tenant=tenant, durable=durable), (BackendError,)
+        )
+
+    def _per_page(
+        self,
+        n: int,
+        call: Callable[[TierKV, int], Awaitable[Any]],
+        failed: tuple[type[BaseException], ...],
+    ) -> list[bool]:
+        """``call(kv, i)`` for pages ``0..n-1`` concurrently in one hop to the store's loop: page
+        ``i`` is True when it moved a whole page, False when ``call`` raised one of ``failed``;
+        any other tierkv error is raised (the first one) after every page ran."""
+        P = int(self._pool.page_size)
+        ok = [False] * n
         errors: list[BaseException] = []
 
         async def run(kv: TierKV) -> None:
             async def one(i: int) -> None:
                 try:
-                    r = await kv.put(tokens[i], views[i], tenant=tenant, durable=durable)
-                    ok[i] = r.tokens == P
-                except BackendError:
-                    ok[i] = False  # no room, or the tier failed: this page is not stored
+                    ok[i] = (await call(kv, i)).tokens == P
+                except failed:
+                    ok[i] = False
                 except TierKVError as exc:
                     errors.append(exc)
 
             async with anyio.create_task_group() as tg:
-                for i in range(len(tokens)):
+                for i in range(n):
                     tg.start_soon(one, i)
 
         self._hop(run)
