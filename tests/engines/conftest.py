@@ -12,7 +12,7 @@ Fixtures:
   (1 GiB of KV cache), ``VLLM_CPU_OMP_THREADS_BIND=nobind``, ``VLLM_CACHE_ROOT`` in a temporary directory,
   offline Hugging Face switches. (``OMP_NUM_THREADS=1`` must be set before torch loads: scripts/test.sh does.)
 - ``vllm_engine_kwargs``: the ``vllm.LLM`` keyword arguments every engine test uses (add ``kv_transfer_config``);
-  its dtype is :func:`engine_dtype` (``TIERKV_VLLM_DTYPE``), so tests must not assume bf16 KV caches.
+  its dtype is ``vllm_run.engine_dtype`` (``TIERKV_VLLM_DTYPE``), so tests must not assume bf16 KV caches.
 
 Test modules here share pytest's rootdir import mode with tests/: their basenames must differ from those in tests/.
 """
@@ -25,23 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vllm_run import engine_kwargs  # the engine every test runs (and the restart test's subprocess)
 
 _HERE = Path(__file__).resolve().parent
-
-#: LLM(...) arguments of every engine test: the shapes tierkv's vLLM connector is tested with
-BLOCK_SIZE = 32
-MAX_MODEL_LEN = 2048
-
-
-def engine_dtype() -> str:
-    """``$TIERKV_VLLM_DTYPE`` (scripts/test.sh engines sets it), else ``bfloat16`` where the CPU computes bf16
-    natively (avx512_bf16 / amx_bf16), else ``float32`` (bf16 runs ~30x slower than fp32 on an AVX2-only CPU).
-    Same rule as scripts/prepare_vllm_model.py's ``engine_dtype``."""
-    chosen = os.environ.get("TIERKV_VLLM_DTYPE")
-    if chosen:
-        return chosen
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
-    return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -101,13 +87,4 @@ def vllm_engine_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
 @pytest.fixture(scope="session")
 def vllm_engine_kwargs(vllm_model_dir: Path, vllm_engine_env: dict[str, str]) -> dict[str, Any]:
     """Keyword arguments for ``vllm.LLM`` (a fresh dict per session; copy it before changing it)."""
-    return {
-        "model": str(vllm_model_dir),
-        "dtype": engine_dtype(),  # the weights are bf16; an AVX2-only CPU computes in float32
-        "enforce_eager": True,
-        "block_size": BLOCK_SIZE,
-        "max_model_len": MAX_MODEL_LEN,
-        "enable_prefix_caching": False,  # every hit the tests see comes from the connector
-        "disable_log_stats": False,  # RequestOutput.metrics is None without stats
-        "seed": 0,
-    }
+    return engine_kwargs(str(vllm_model_dir))  # the weights are bf16; an AVX2-only CPU computes in float32
