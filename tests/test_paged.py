@@ -12,6 +12,7 @@ import pytest
 from kvtest import BT, config, kv_for, smol_config
 
 from tierkv import LAYOUTS, InputError, KVLayoutError, PagedLayout, TierKV
+from tierkv._paged import PagedCaches
 
 pytestmark = pytest.mark.anyio
 
@@ -47,16 +48,24 @@ def chunk_in_layout(kv: np.ndarray, layer: int, t0: int, t1: int, layout: PagedL
     return [np.transpose(k, perm), np.transpose(v, perm)]
 
 
-def empty_caches(layers: int, layout: PagedLayout, sample: np.ndarray) -> list[Any]:
+def empty_caches(layers: int, layout: PagedLayout, sample: np.ndarray, storage: str = "apart") -> list[Any]:
+    """Per layer one cache (or K, V pair) of NB engine blocks. ``storage``: ``apart`` (at
+    irregular places: moved part by part), ``one buffer`` (equally spaced views of one array,
+    as vLLM allocates them: moved a block at a time across all layers) or ``one buffer,
+    reversed`` (the same views, layers in reverse)."""
     one = chunk_in_layout(sample, 0, 0, layout.block_size, layout)
     ax = layout.axes.index("block")
+    shape = list(one[0].shape)
+    shape.insert(ax, NB)
+    n = layers * len(one)
+    # slots 0, 1, 3, 4, 6, 7, ... for "apart": never one arithmetic progression
+    slot = [k + k // 2 for k in range(n)] if storage == "apart" else list(range(n))
+    if storage == "one buffer, reversed":
+        slot.reverse()
+    buf = np.full((max(slot) + 1, *shape), SENTINEL, np.float16)
     out: list[Any] = []
-    for _ in range(layers):
-        parts = []
-        for p in one:
-            shape = list(p.shape)
-            shape.insert(ax, NB)
-            parts.append(np.full(shape, SENTINEL, np.float16))
+    for li in range(layers):
+        parts = [buf[slot[li * len(one) + k]] for k in range(len(one))]
         out.append(tuple(parts) if layout.paired else parts[0])
     return out
 
@@ -109,11 +118,15 @@ def read_back(caches: list[Any], table: np.ndarray, layout: PagedLayout, n: int,
 CASES = [(name, eb) for name in sorted(LAYOUTS) for eb in (BT // 2, BT)]
 
 
+@pytest.mark.parametrize("storage", ["apart", "one buffer", "one buffer, reversed"])
 @pytest.mark.parametrize("tables", ["shuffled", "runs"])
 @pytest.mark.parametrize(("name", "eb"), CASES)
-async def test_round_trip_through_other_engine_blocks(tmp_path: Path, name: str, eb: int, tables: str) -> None:
+async def test_round_trip_through_other_engine_blocks(
+    tmp_path: Path, name: str, eb: int, tables: str, storage: str
+) -> None:
     """``runs``: block tables of consecutive engine blocks (moved as views of the caches)
-    with one wrap-around (a gather), beside shuffled ones (gathers)."""
+    with one wrap-around (a gather), beside shuffled ones (gathers). Caches stored apart,
+    or as views of one buffer (then every layer of a block moves as one strided view)."""
     mla = name == "mla"
     cfg = (
         smol_config(
@@ -131,9 +144,13 @@ async def test_round_trip_through_other_engine_blocks(tmp_path: Path, name: str,
         t_put, t_get = np.arange(NB), np.roll(np.arange(NB), 3)
     else:
         t_put, t_get = rng.permutation(NB), rng.permutation(NB)
-    src = empty_caches(layers, layout, kv)
+    src = empty_caches(layers, layout, kv, storage)
     fill(src, kv, t_put, layout, N)
     async with await TierKV.open(cfg) as store:
+        spec = store._s.spec  # the layers stacked into one view exactly when they share a buffer
+        pc = PagedCaches(src, layout, spec, "float16", BT, writable=False)
+        parts = layers * (2 if layout.paired else 1)  # any two parts are equally spaced
+        assert (pc.stacked is not None) == (storage != "apart" or parts == 2)
         r = await store.put_paged(toks(), src, t_put, layout=layout)
         assert (r.new_blocks, r.tokens, r.tail_tokens) == (N // BT, (N // BT) * BT, N % BT)
         # the canonical API and any other layout never see these blocks
@@ -141,7 +158,7 @@ async def test_round_trip_through_other_engine_blocks(tmp_path: Path, name: str,
         other = PagedLayout.named(name, BT if eb != BT else BT // 2)
         dst_other = empty_caches(layers, other, kv)
         assert (await store.get_paged(toks(), dst_other, rng.permutation(NB), layout=other)).tokens == 0
-        dst = empty_caches(layers, layout, kv)
+        dst = empty_caches(layers, layout, kv, storage)
         g = await store.get_paged(toks(), dst, t_get, layout=layout)
         hit = (N // BT) * BT
         assert g.tokens == hit and g.kv is None

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
@@ -105,7 +106,7 @@ class PagedCaches:
     """An engine's caches checked against a layout and a model: per layer one array (or a K, V
     pair), numpy views of the caller's memory (torch CPU tensors included; no copy)."""
 
-    __slots__ = ("axis", "block_tokens", "layers", "layout", "num_blocks", "part_nbytes", "per")
+    __slots__ = ("axis", "block_tokens", "layers", "layout", "num_blocks", "part_nbytes", "per", "stacked")
 
     def __init__(
         self, caches: object, layout: PagedLayout, spec: ModelSpec, kv_dtype: str, block_tokens: int, *, writable: bool
@@ -165,6 +166,7 @@ class PagedCaches:
         self.part_nbytes = (
             0 if first is None else first.itemsize * int(np.prod(first.shape)) // max(1, self.num_blocks) * self.per
         )
+        self.stacked = _stack([p for parts in self.layers for p in parts])
 
     def table(self, block_table: object, tokens: int) -> np.ndarray[Any, np.dtype[np.int64]]:
         """The block table as int64 ids, checked: 1-D integers covering ``tokens`` tokens,
@@ -196,10 +198,15 @@ class PagedCaches:
         case, and always when an engine block is a whole tierkv block), else a
         :class:`~tierkv.backend.Taken` gather."""
         n = len(ids)
+        st = self.stacked
         if n and int(ids[-1]) - int(ids[0]) == n - 1 and (n < 3 or bool((np.diff(ids) == 1).all())):
             a = int(ids[0])
+            if st is not None:  # every layer's run at once: one strided view, one copy call
+                return [st[(slice(None),) * (self.axis + 1) + (slice(a, a + n),)]]
             sl = (slice(None),) * self.axis + (slice(a, a + n),)
             return [p[sl] for parts in self.layers for p in parts]
+        if st is not None:
+            return [Taken(st, ids, self.axis + 1)]
         return [Taken(p, ids, self.axis) for parts in self.layers for p in parts]
 
     def scatter(self, ids: np.ndarray[Any, Any], data: memoryview) -> None:
@@ -213,6 +220,31 @@ class PagedCaches:
             else:
                 t[...] = buf[off : off + n].view(t.dtype).reshape(t.shape)
             off += n
+
+
+def _stack(parts: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any] | None:
+    """The parts as one array with a leading axis over them, when they are equally spaced
+    views of one buffer (vLLM allocates every layer's cache in one tensor): same shape,
+    strides and dtype, and start addresses in one arithmetic progression that never makes
+    two parts overlap. Its C-order elements at a run of blocks are the block's bytes
+    (layer after layer), so a tier copies a whole block in one call. None otherwise."""
+    if len(parts) < 2:
+        return None
+    p0 = parts[0]
+    ptrs = [int(p.__array_interface__["data"][0]) for p in parts]
+    step = ptrs[1] - ptrs[0]
+    if any(p.shape != p0.shape or p.strides != p0.strides or p.dtype != p0.dtype for p in parts):
+        return None
+    if any(b - a != step for a, b in pairwise(ptrs)):
+        return None
+    # the byte span one part touches: two parts never overlap if the step clears it
+    lo = sum(min(0, (n - 1) * s) for n, s in zip(p0.shape, p0.strides, strict=True))
+    hi = sum(max(0, (n - 1) * s) for n, s in zip(p0.shape, p0.strides, strict=True)) + p0.itemsize
+    if abs(step) < hi - lo or 0 in p0.shape:
+        return None
+    return np.lib.stride_tricks.as_strided(
+        p0, shape=(len(parts), *p0.shape), strides=(step, *p0.strides), writeable=bool(p0.flags.writeable)
+    )
 
 
 class PagedSink:
