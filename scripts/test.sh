@@ -58,7 +58,7 @@ case "$target" in
         mypy
         # importing sglang patches transformers process-wide (hf_transformers_patches): its adapter's
         # tests run in a process of their own, their coverage appended to the rest's
-        pytest -m "not slow" -q --cov=tierkv --cov=tierkv_backends --cov-report= \
+        pytest -m "not slow" -q --durations=25 --cov=tierkv --cov=tierkv_backends --cov-report= \
             --ignore=tests/test_integration_sglang.py
         pytest -q tests/test_integration_sglang.py --cov=tierkv --cov=tierkv_backends --cov-append \
             --cov-report=term:skip-covered
