@@ -28,7 +28,9 @@ SHARED = 1100
 HIT = SHARED // 128 * 128  # 1024: whole tierkv blocks of the shared prefix
 ENGINE_BLOCK = 32
 MAX_TOKENS = 8
-GROUPS = {"prefix": 2, "tenant": 3, "fail": 2, "restart": 2}
+GROUPS = {"prefix": 2, "tenant": 3, "fail": 2, "restart": 2, "turn": 1}
+# the "turn" prompt ends 4 tokens before a tierkv block: its answer's 5th token completes that block
+TURN = 1276
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +51,10 @@ def prompts(vllm_model_dir: Path) -> dict[str, list[list[int]]]:
     t = 0
     for (name, n), doc in zip(GROUPS.items(), docs, strict=True):
         ids = tok("\n\n".join(text for _, text in doc), add_special_tokens=False)["input_ids"]
-        assert len(ids) >= SHARED
+        assert len(ids) >= max(SHARED, TURN)
         shared = ids[:SHARED]
-        group = []
-        for _ in range(n):
+        group = [ids[:TURN]] if name == "turn" else []
+        for _ in range(n - len(group)):
             q = tok("\n\nQuestion: " + tails[t][0][1], add_special_tokens=False)["input_ids"][:90]
             group.append(shared + q)
             t += 1
@@ -93,9 +95,14 @@ def engines(vllm_engine_kwargs: dict[str, Any]) -> Iterator[Engines]:
 
 @pytest.fixture(scope="module")
 def baseline(engines: Engines, prompts: dict[str, list[list[int]]]) -> dict[str, list[list[int]]]:
-    """Greedy outputs of every prompt from an engine without the connector."""
+    """Greedy outputs of every prompt from an engine without the connector; ``turn2``: the next turn of the
+    "turn" conversation (its prompt, its answer and a question; the prompt in ``turn2_prompt``)."""
     llm = engines.get("baseline", None)
-    return {k: [o["tokens"] for o in vllm_run.generate(llm, ps, max_tokens=MAX_TOKENS)] for k, ps in prompts.items()}
+    out = {k: [o["tokens"] for o in vllm_run.generate(llm, ps, max_tokens=MAX_TOKENS)] for k, ps in prompts.items()}
+    turn2 = prompts["turn"][0] + out["turn"][0] + prompts["prefix"][0][SHARED:]
+    out["turn2_prompt"] = [turn2]
+    out["turn2"] = [o["tokens"] for o in vllm_run.generate(llm, [turn2], max_tokens=MAX_TOKENS)]
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +160,22 @@ def test_two_tenants_never_share_hits(
     (anon,), s_anon, _ = run(llm, prompts["tenant"][1:2])
     assert anon["num_cached_tokens"] == 0 and s_anon["lookup_tokens"] == 0
     assert [o["tokens"] for o in outs] == baseline["tenant"]
+
+
+def test_generated_tokens_are_saved_for_the_next_turn(
+    engines: Engines, baseline: dict[str, list[list[int]]], prompts: dict[str, list[list[int]]], pfs_dir: Path
+) -> None:
+    """The answer's tokens are stored as they are decoded (``save_decoded``, the default): the next turn,
+    whose prompt repeats the first prompt and its answer, loads the block the answer completed."""
+    llm = engines.get("dram+pfs", dram_pfs_config(pfs_dir))
+    (first,), s_first, _ = run(llm, prompts["turn"])
+    assert first["tokens"] == baseline["turn"][0]
+    # the prompt's 9 whole blocks, then the 10th, completed by the answer's 5th token (saved one step later)
+    assert s_first["saved_blocks"] == TURN // 128 + 1
+    (second,), s, _ = run(llm, baseline["turn2_prompt"])
+    assert second["num_cached_tokens"] == (TURN // 128 + 1) * 128 > TURN
+    assert s["loaded_tokens"] == second["num_cached_tokens"] and s["load_error_blocks"] == 0
+    assert second["tokens"] == baseline["turn2"][0]
 
 
 # ----------------------------------------------------------------------------- restart

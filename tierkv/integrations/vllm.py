@@ -32,6 +32,9 @@ What it does (see ``docs/vllm.md`` for the configuration keys and the limits):
   prompt's whole blocks (``put_paged``) after the forward pass that completes the prompt's prefill (blocks
   already stored are not written again); a request whose load failed in that step is not saved then (its
   KV after the failed block was computed against the failed block) but when its recomputation completes.
+  With ``save_decoded`` (the default) each later whole block, generated tokens included, is stored once
+  its KV is final (in the step after it was computed: a speculative draft is never stored), so the next
+  turn of a conversation, whose prompt repeats this one and its answer, loads both.
 * **Scope**: the model name, revision, weights fingerprint, dtype, the model's config (tierkv's model
   digest), the TP world size and rank, the engine layout, its block size and the CPU attention ISA seed
   the keys, so two models, two TP ranks or two engine layouts never share a block. A request's
@@ -94,7 +97,7 @@ except ImportError:  # an older vLLM without per-source hit metrics
     _HitSource = None
 
 #: The keys of ``kv_connector_extra_config`` this connector reads.
-OPTIONS: frozenset[str] = frozenset({"tierkv_config", "block_tokens", "layout", "weights_fingerprint"})
+OPTIONS: frozenset[str] = frozenset({"tierkv_config", "block_tokens", "layout", "weights_fingerprint", "save_decoded"})
 #: Fields of the tierkv config the connector derives from vLLM's config (a config may not set them).
 _DERIVED = ("model", "kv_dtype", "world_size", "kv_rank")
 _CACHE_DTYPES = {"fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
@@ -235,6 +238,7 @@ class _Setup:
     layout: PagedLayout
     block_tokens: int
     engine_block_size: int
+    save_decoded: bool = True
 
 
 def _extra(vllm_config: Any) -> dict[str, Any]:
@@ -386,7 +390,10 @@ def _setup(vllm_config: Any, tp_rank: int) -> _Setup:
     cfg["object_group"] = f"{cfg.get('object_group', 'kv')}/vllm:{layout_name}:{isa}"
     Config.load(cfg)  # every field checked now, by the name vLLM's user knows (raises ConfigError)
     key = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()
-    return _Setup(cfg, key, layout, requested, bs)
+    save_decoded = extra.get("save_decoded", True)
+    if not isinstance(save_decoded, bool):
+        raise ConfigError("kv_connector_extra_config.save_decoded", save_decoded, "true or false")
+    return _Setup(cfg, key, layout, requested, bs, save_decoded)
 
 
 def _tp_rank(vllm_config: Any, role: Any) -> int:
@@ -416,7 +423,9 @@ class _Req:
     block_ids: list[int] = field(default_factory=list)
     load_tokens: int = 0  # planned, not yet sent to the workers
     loaded: int = 0  # the prefix the last load plan covers
-    saved: bool = False
+    saved: bool = False  # the prompt's whole blocks are planned for saving
+    saved_to: int = 0  # tokens planned for saving so far (whole tierkv blocks; generated ones included)
+    request: Any = None  # vLLM's Request (its all_token_ids grow as tokens are generated)
 
 
 class TierKVConnector(_KVConnectorBase):  # type: ignore[misc]
@@ -547,6 +556,7 @@ class TierKVConnector(_KVConnectorBase):  # type: ignore[misc]
         st = self._reqs.get(request.request_id)
         if st is None:
             st = self._reqs[request.request_id] = _Req(tokens, getattr(request, "cache_salt", None))
+            st.request = request if self._setup.save_decoded else None
         if num_external_tokens > 0:
             st.load_tokens = int(num_external_tokens)
             st.loaded = st.load_tokens // self._bt * self._bt
@@ -575,21 +585,39 @@ class TierKVConnector(_KVConnectorBase):  # type: ignore[misc]
                     st.block_ids = list(new_ids[0])
                 else:
                     st.block_ids.extend(new_ids[0])
-            end = int(cached.num_computed_tokens[i]) + int(scheduled.get(req_id, 0))
-            self._plan(req_id, st, end, loads, saves)
+            computed = int(cached.num_computed_tokens[i])
+            self._plan(req_id, st, computed + int(scheduled.get(req_id, 0)), loads, saves, computed)
         return TierKVConnectorMetadata(tuple(loads), tuple(saves))
 
-    def _plan(self, req_id: str, st: _Req, end: int, loads: list[LoadSpec], saves: list[SaveSpec]) -> None:
+    def _plan(
+        self, req_id: str, st: _Req, end: int, loads: list[LoadSpec], saves: list[SaveSpec], computed: int = 0
+    ) -> None:
+        """Plan the request's load (if allocated with external tokens), the save of its prompt's whole
+        blocks in the step whose forward completes the prompt (``end``: tokens computed after this step),
+        and, with ``save_decoded``, the save of each later whole block once its KV is final: blocks
+        covered by ``computed`` (tokens computed before this step: accepted, never a speculative draft)."""
         ids = tuple(st.block_ids)
         self._matched.pop(req_id, None)
         if st.load_tokens:
             loads.append(LoadSpec(req_id, st.tokens[: st.load_tokens], ids, st.tenant))
             st.load_tokens = 0
-        if not st.saved and end >= len(st.tokens) and len(st.tokens) >= self._bt:
-            need = -(-len(st.tokens) // self._bs)
-            if len(ids) >= need:
-                saves.append(SaveSpec(req_id, st.tokens, ids[:need], min(st.loaded, len(st.tokens)), st.tenant))
-                st.saved = True
+        if not st.saved:
+            if end >= len(st.tokens) and len(st.tokens) >= self._bt:
+                need = -(-len(st.tokens) // self._bs)
+                if len(ids) >= need:
+                    saves.append(SaveSpec(req_id, st.tokens, ids[:need], min(st.loaded, len(st.tokens)), st.tenant))
+                    st.saved = True
+                    st.saved_to = len(st.tokens) // self._bt * self._bt
+            return
+        upto = computed // self._bt * self._bt
+        if st.request is None or upto <= st.saved_to:
+            return
+        need = upto // self._bs
+        tokens = getattr(st.request, "all_token_ids", None)
+        if tokens is None or len(tokens) < upto or len(ids) < need:
+            return
+        saves.append(SaveSpec(req_id, tuple(int(t) for t in tokens[:upto]), ids[:need], st.saved_to, st.tenant))
+        st.saved_to = upto
 
     def update_connector_output(self, connector_output: Any) -> None:
         """A request with a block that failed to load is saved again when its recomputation completes."""
@@ -599,6 +627,7 @@ class TierKVConnector(_KVConnectorBase):  # type: ignore[misc]
         for st in self._reqs.values():
             if bad.intersection(st.block_ids):
                 st.saved = False
+                st.saved_to = 0
                 st.loaded = 0
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
