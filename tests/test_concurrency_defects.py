@@ -138,16 +138,17 @@ async def test_service_survives_victims_leaving_the_index(tmp_path: Path) -> Non
 
 
 async def run_random_workload(
-    tmp_path: Path, *, tasks: int, seconds: float, seed: int, policy: str = "lru"
+    tmp_path: Path, *, tasks: int, seconds: float, seed: int, policy: str = "lru", partial: bool = False
 ) -> dict[str, int]:
     """The randomized concurrency run of the acceptance list: dram + nvme + pfs at small
     capacities, the service running, put (whole, or a chunk from a strided view)/get/lookup/
-    invalidate with tiny deadlines."""
+    invalidate with tiny deadlines; ``partial``: with ``partial_blocks`` (tails stored)."""
     cfg = smol_config(
         [dram_tier(6 * BLOCK), nvme_tier(tmp_path, 8 * 512 * 1024, "512KiB"), pfs_tier(tmp_path, 16 * BLOCK)],
         scheduler={"policy": policy},
+        partial_blocks=partial,
     )
-    counts = {"ops": 0, "cancelled": 0, "typed_errors": 0, "hits": 0}
+    counts = {"ops": 0, "cancelled": 0, "typed_errors": 0, "hits": 0, "tail_hits": 0}
     wrong: list[str] = []
     untyped: list[BaseException] = []
     async with serving(cfg) as kv:
@@ -173,6 +174,7 @@ async def run_random_workload(
                             g = await kv.get(base_tokens(fam, n), out=out)
                             if g.tokens:
                                 counts["hits"] += 1
+                                counts["tail_hits"] += bool(g.tokens % BT)
                                 got = np.asarray(g.kv)[:, :, : g.tokens]
                                 if got.tobytes() != base_kv(fam, g.tokens).tobytes():
                                     wrong.append(f"family {fam}, {g.tokens} tokens")
@@ -196,9 +198,14 @@ async def run_random_workload(
     return counts
 
 
-@pytest.mark.parametrize("policy", ["lru", "predictive"])
-async def test_random_concurrency_invariants(tmp_path: Path, policy: str) -> None:
-    await run_random_workload(tmp_path, tasks=64, seconds=6.0, seed=1, policy=policy)
+@pytest.mark.parametrize(
+    ("policy", "partial"), [("lru", False), ("predictive", False), ("lru", True), ("predictive", True)]
+)
+async def test_random_concurrency_invariants(tmp_path: Path, policy: str, partial: bool) -> None:
+    """With ``partial`` the store keeps tails too (``partial_blocks``): prompts of any length
+    store and hit their trailing partial block, and the same invariants hold."""
+    counts = await run_random_workload(tmp_path, tasks=64, seconds=6.0, seed=1, policy=policy, partial=partial)
+    assert (counts["tail_hits"] > 0) == partial
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ Example (TOML)::
     block_tokens = 128            # optional; default by attention kind (MLA 512, GQA/MQA 128, MHA 64)
     load_failure = "recompute"    # or "fail"
     share_across_tenants = false
+    partial_blocks = false        # true: put also stores the trailing partial block
 
     [model]
     name = "meta-llama/Llama-3.1-8B-Instruct"
@@ -104,6 +105,7 @@ _TOP = frozenset(
         "object_group",
         "share_across_tenants",
         "load_failure",
+        "partial_blocks",
         "scheduler",
         "telemetry",
         "tenants",
@@ -188,6 +190,8 @@ class Config:
     object_group: str = "kv"
     share_across_tenants: bool = False
     load_failure: Literal["recompute", "fail"] = "recompute"
+    #: ``put`` also stores the trailing partial block of a sequence (a tail) under its own key
+    partial_blocks: bool = False
     scheduler: Mapping[str, Any] = field(default_factory=lambda: types.MappingProxyType({}))
     telemetry: Mapping[str, Any] = field(default_factory=lambda: types.MappingProxyType({}))
     tenants: Mapping[str, TenantQuota] = field(default_factory=lambda: types.MappingProxyType({}))
@@ -396,6 +400,7 @@ class Config:
             load_failure="fail"
             if opt_choice(data, "load_failure", ("recompute", "fail"), "recompute") == "fail"
             else "recompute",
+            partial_blocks=opt_bool(data, "partial_blocks", False),
             scheduler=scheduler,
             telemetry=telemetry,
             tenants=tenants,

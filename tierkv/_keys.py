@@ -41,7 +41,7 @@ import xxhash
 
 from .errors import ConfigError, TokensError
 
-__all__ = ["SCHEMA_VERSION", "KeyChains", "Scope", "block_keys", "tenant_salt", "to_token_array"]
+__all__ = ["SCHEMA_VERSION", "KeyChains", "Scope", "block_keys", "tail_key", "tenant_salt", "to_token_array"]
 
 #: Version of the key schema; bump when the derivation changes.
 SCHEMA_VERSION = 1
@@ -203,6 +203,19 @@ def block_keys(scope_digest: bytes, tokens: np.ndarray[Any, np.dtype[np.int64]],
         h = sha(h + raw[i * step : (i + 1) * step]).digest()
         out.append(h)
     return out
+
+
+def tail_key(parent: bytes, tokens: np.ndarray[Any, np.dtype[np.int64]]) -> bytes:
+    """The key of a partial last block (a *tail*) of ``len(tokens)`` tokens under ``parent``
+    (the key of the last whole block before it, or the chain seed for a sequence shorter
+    than one block): SHA-256 over a domain tag, the parent, the token count and the tokens
+    (fixed-width little-endian int64). The domain tag keeps it apart from every whole
+    block's key (``H(parent || tokens)``) and the count from any other tail's, so a tail
+    key names exactly these tokens after exactly that prefix."""
+    if len(parent) != 32:
+        raise ValueError("parent key must be 32 bytes")
+    raw = np.ascontiguousarray(tokens, dtype="<i8").tobytes()
+    return hashlib.sha256(b"tierkv.tail\x00" + parent + struct.pack("<Q", len(tokens)) + raw).digest()
 
 
 def _chain(h: bytes, raw: bytes, step: int, n: int, out: list[bytes]) -> None:

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
+from .._keys import tail_key
 from ._columns import WIDE, Columns
 from ._entry import Entry, attach, detach, handle
 from ._residency import Tier
-from ._tags import ZERO32, root_of, unpack_tag
+from ._tags import ZERO32, root_of, tag_tail, unpack_tag
 
 if TYPE_CHECKING:
     from ._store import Store
@@ -120,6 +121,11 @@ class Index:
         #: ``different_scope`` miss from ``never_stored``; ``roots_any`` is the operator's view
         self.roots: dict[tuple[bytes, bytes], int] = {}
         self.roots_any: dict[bytes, int] = {}
+        #: parent key -> {tail tokens: indexed tails}: the partial last blocks stored under a
+        #: parent (the key of the last whole block, or the chain seed), so a lookup probes
+        #: only the few tail lengths present (:meth:`find_tail`)
+        self.tails: dict[bytes, dict[int, int]] = {}
+        self.token_nbytes = max(1, s.block_nbytes // s.block_tokens)
 
     def owns(self, e: Entry) -> bool:
         """Whether ``e`` is the indexed entry of its block (``entries.get(e.key) is e``)."""
@@ -139,7 +145,7 @@ class Index:
             pr = self._parent_row(e.parent)
             if pr >= 0 and c.children[pr] > 0:
                 c.children[pr] -= 1
-        if e.pos == 0:
+        if e.pos == 0 and not tag_tail(e.tag):
             self.unroot(e)
         self.s.tiers[e.tier].unplace(e)
         if e.backing >= 0:
@@ -156,6 +162,8 @@ class Index:
         """Free ``e``'s row (out of the key table): unlinked from any residency left, its
         handle detached."""
         c, r = self.cols, e.row
+        if self.tails and tag_tail(e.tag):
+            self._count_tail(e, -1)
         if c.lt[r] >= 0:
             c.tiers[c.lt[r]].unplace(e)
         for t in c.tiers:
@@ -167,6 +175,7 @@ class Index:
     def adopt(self, e: Entry, root: bytes) -> None:
         """Insert a new entry into the index (under the lock, or before serving)."""
         c = self.cols
+        tail = tag_tail(e.tag)
         if not self.owns(e):  # (an entry adopted again keeps its row, as a dict keeps it)
             old = c.find(e.key)
             if old >= 0:  # another entry under this key: replaced (its residency with it)
@@ -174,12 +183,16 @@ class Index:
             row = c.take(e.key)
             c.insert(e.key, row)
             attach(c, e, row)
+            if tail:
+                self._count_tail(e, 1)
         e.bid = self.next_bid
         self.next_bid += 1
         if e.pos:
             pr = self._parent_row(e.parent)
             if pr >= 0:
                 c.children[pr] += 1
+        if tail:
+            return  # a tail is a leaf: no root of its own (its chain's first block has it)
         if not root and e.pos == 0:
             parsed = unpack_tag(e.tag)
             root = parsed[6] if parsed is not None else b""
@@ -187,6 +200,69 @@ class Index:
             rk = (e.tenant[:16], root[:8])
             self.roots[rk] = self.roots.get(rk, 0) + 1
             self.roots_any[root[:8]] = self.roots_any.get(root[:8], 0) + 1
+
+    def _count_tail(self, e: Entry, d: int) -> None:
+        parent = bytes(e.parent)
+        t = e.nbytes // self.token_nbytes
+        lens = self.tails.setdefault(parent, {})
+        n = lens.get(t, 0) + d
+        if n > 0:
+            lens[t] = n
+        else:
+            lens.pop(t, None)
+            if not lens:
+                del self.tails[parent]
+
+    def find_tail(
+        self, arr: np.ndarray[Any, Any], keys: list[bytes], found: int, tid: bytes, seed: bytes
+    ) -> Entry | None:
+        """The longest stored tail (partial last block) after the first ``found`` whole
+        blocks of ``keys`` whose tokens are a prefix of the rest of ``arr``, or None.
+
+        Only the tail lengths indexed under that parent (``tails``) are probed, longest
+        first, one hash each; a tail's key covers its exact tokens, so a hit is an exact
+        match. Its tag must name this place (position ``found``, the parent, model scope
+        and tenant, the tail flag) and one of its copies must be on a healthy tier, as for a
+        whole block in :meth:`walk_rows`. Synchronous; no per-token Python work."""
+        if not self.tails:
+            return None
+        parent = keys[found - 1] if found else seed
+        lens = self.tails.get(parent)
+        if not lens:
+            return None
+        bt = self.s.block_tokens
+        start = found * bt
+        rest = len(arr) - start
+        ms = self.s.model_scope[:16]
+        check_tenant = not self.s.config.share_across_tenants
+        tiers = self.s.tiers
+        for t in sorted(lens, reverse=True):
+            if t > rest or t >= bt:
+                continue
+            e = self.entries.get(tail_key(parent, arr[start : start + t]).hex())
+            if e is None:
+                continue
+            if (
+                not tag_tail(e.tag)
+                or e.pos != found
+                or bytes(e.parent) != parent
+                or e.nbytes != t * self.token_nbytes
+                or e.model_scope[:16] != ms
+                or (check_tenant and e.tenant[:16] != tid[:16])
+            ):
+                continue
+            if not tiers[e.tier].healthy and not (e.backing >= 0 and tiers[e.backing].healthy):
+                continue
+            return e
+        return None
+
+    def tails_count(self) -> int:
+        """Tails indexed (by the tail map)."""
+        return sum(sum(lens.values()) for lens in self.tails.values())
+
+    def tail_tokens(self, e: Entry) -> int:
+        """The tokens a tail entry covers."""
+        return e.nbytes // self.token_nbytes
 
     def evictable(self, row: int, tenant: bytes | None) -> int | None:
         """The size of indexed ``row``'s block if it may be chosen as a victim now (not pinned,
@@ -381,7 +457,7 @@ class Index:
     def invariant_violations(self, *, quiescent: bool = True) -> list[str]:
         """Check the index against the tiers (no I/O); returns what is wrong, empty when sound.
 
-        Always: no entry has a negative pin count; each tier's serving and durable copies
+        Always: no entry has a negative pin count; the tail map lists exactly the indexed tails; each tier's serving and durable copies
         are indexed only once. With ``quiescent`` (no operation in flight, e.g. after a
         concurrency run has joined its tasks): every pin is released, no relocation claim
         is held, each tier holds exactly the blocks the index places on it (serving copies,
@@ -404,6 +480,15 @@ class Index:
                 out.append(f"block {k[:16]} missing from tier {self.s.tiers[e.tier].name}'s order")
             if e.backing >= 0 and e.backing != e.tier and k not in self.s.tiers[e.backing].backed:
                 out.append(f"block {k[:16]}'s durable copy missing from tier {self.s.tiers[e.backing].name}'s set")
+        tails: dict[bytes, dict[int, int]] = {}
+        for e in self.entries.values():
+            if tag_tail(e.tag):
+                lens = tails.setdefault(bytes(e.parent), {})
+                lens[e.nbytes // self.token_nbytes] = lens.get(e.nbytes // self.token_nbytes, 0) + 1
+        if tails != self.tails:
+            out.append(
+                f"the tail map lists {self.tails_count()} tails, the index holds {sum(sum(v.values()) for v in tails.values())}"
+            )
         for ti, keys in self.s.retained.items():
             for k in keys:
                 r = self.entries.get(k)

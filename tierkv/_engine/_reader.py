@@ -109,7 +109,14 @@ class Reader:
         return adopted
 
     async def admitted_fetch(
-        self, entries: list[Entry], wanted: int, out: Any, arr: np.ndarray[Any, Any], reason: str, tid: bytes
+        self,
+        entries: list[Entry],
+        wanted: int,
+        out: Any,
+        arr: np.ndarray[Any, Any],
+        reason: str,
+        tid: bytes,
+        tail: int = 0,
     ) -> GetResult:
         """Admission control: at most ``max_concurrent_fetches`` reads at once; with
         ``fetch_wait_s`` a request that cannot start within that budget is
@@ -118,7 +125,7 @@ class Reader:
         wait = self.s.sched.fetch_wait_s
         if wait is None or not entries:
             async with self.s.fetch_limiter:
-                return await self.fetch(entries, wanted, out, arr, reason, tid)
+                return await self.fetch(entries, wanted, out, arr, reason, tid, tail)
         acquired = False
         with anyio.move_on_after(wait):
             await self.s.fetch_limiter.acquire()
@@ -126,7 +133,7 @@ class Reader:
         if not acquired:
             return GetResult(0, None, (), "overloaded")
         try:
-            return await self.fetch(entries, wanted, out, arr, reason, tid)
+            return await self.fetch(entries, wanted, out, arr, reason, tid, tail)
         finally:
             self.s.fetch_limiter.release()
 
@@ -145,7 +152,7 @@ class Reader:
             tel.tokens_saved += r.tokens
             tel.saved_tokens.add(r.tokens, {"tenant": tenant})
             tel.tenant_tokens.add(r.tokens, {"tenant": tenant, "op": "hit"})
-        served = entries[: r.tokens // self.s.block_tokens]
+        served = entries[: -(-r.tokens // self.s.block_tokens)]  # a tail's tokens round up to its entry
         for e in served:
             if e.key in self.s.prefetched:
                 self.s.prefetched.discard(e.key)
@@ -288,11 +295,21 @@ class Reader:
             self.s.sched.observe_decode(ti, raw, time.perf_counter() - t1)
 
     async def fetch(
-        self, entries: list[Entry], wanted: int, out: Any, arr: np.ndarray[Any, Any], reason: str, tid: bytes
+        self,
+        entries: list[Entry],
+        wanted: int,
+        out: Any,
+        arr: np.ndarray[Any, Any],
+        reason: str,
+        tid: bytes,
+        tail: int = 0,
     ) -> GetResult:
+        """Read ``entries`` (whole blocks, the last a tail of ``tail`` tokens when ``tail``)
+        into ``out`` (or a new array); ``wanted``: the whole blocks the request has."""
         bt = self.s.block_tokens
         n = len(entries)
-        miss_reason = "" if n == wanted else self.s.index.miss_reason(arr, n, reason, tid)[0]
+        whole = n - 1 if tail else n
+        miss_reason = "" if whole == wanted else self.s.index.miss_reason(arr, whole, reason, tid)[0]
         if n == 0:
             if wanted:
                 self.s.tiers[-1].misses += 1
@@ -300,7 +317,8 @@ class Reader:
         by_tier: dict[int, int] = {}
         for e in entries:
             by_tier[e.tier] = by_tier.get(e.tier, 0) + e.nbytes
-        decision = self.s.sched.gate(n * bt, by_tier)
+        total = whole * bt + tail
+        decision = self.s.sched.gate(total, by_tier)
         if decision is not None:
             self.s.tel.gate.add(1, {"decision": "fetch" if decision.fetch else "recompute"})
             with self.s.tel.span(
@@ -311,22 +329,22 @@ class Reader:
                     "tierkv.decision": "fetch" if decision.fetch else "recompute",
                     "tierkv.reason": decision.reason,
                     "tierkv.probe": decision.probe,
-                    "tierkv.tokens": n * bt,
+                    "tierkv.tokens": total,
                 },
             ):
                 pass
             if not decision.fetch:
                 return GetResult(0, None, (), "gated", decision.fetch_s, decision.recompute_s)
         sink = out if isinstance(out, PagedSink) else None
-        target = self.out_view(out, n * bt) if sink is None else None
+        target = self.out_view(out, total) if sink is None else None
         served = [e.tier for e in entries]
-        if await self.read_direct(entries, target, sink):
+        if await self.read_direct(entries, target, sink, total):
             good = n  # scattered by the tier straight into ``target`` (or the paged caches)
             datas: list[memoryview | BaseException] = []
         else:
             datas = await self.read_blocks(entries, served)
             good = await anyio.to_thread.run_sync(
-                functools.partial(self.assemble, entries, datas, served, sink, target)
+                functools.partial(self.assemble, entries, datas, served, sink, target, total)
             )
         per_tier: dict[int, list[int]] = {}
         for i in range(good):
@@ -369,16 +387,17 @@ class Reader:
                 await self.discard_failed_copy(e_i)
         if good == 0:
             return GetResult(0, None, (), miss_reason)
+        got = total if good == n else good * bt  # a tail is the last entry: whole blocks before it
         used = set(served[:good])
         tiers = tuple(t.name for i, t in enumerate(self.s.tiers) if i in used)
         exact = all(e.exact and self.s.exact_tier(ti) for e, ti in zip(entries[:good], served[:good], strict=True))
         if sink is not None:
-            return GetResult(good * bt, None, tiers, miss_reason, exact=exact)
+            return GetResult(got, None, tiers, miss_reason, exact=exact)
         if out is not None:
-            return GetResult(good * bt, out, tiers, miss_reason, exact=exact)
+            return GetResult(got, out, tiers, miss_reason, exact=exact)
         assert target is not None
-        result = target if good == n else np.ascontiguousarray(target[block_slice(self.s.spec, 0, good * bt)])
-        return GetResult(good * bt, result, tiers, miss_reason, exact=exact)
+        result = target if good == n else np.ascontiguousarray(target[block_slice(self.s.spec, 0, got)])
+        return GetResult(got, result, tiers, miss_reason, exact=exact)
 
     def assemble(
         self,
@@ -387,10 +406,12 @@ class Reader:
         served: list[int],
         sink: PagedSink | None,
         target: np.ndarray[Any, Any] | None,
+        total: int,
     ) -> int:
         """Check each block read (size; the checksum on a verifying tier) and copy it into
         ``target`` (or the paged ``sink``), in a worker thread; returns how many leading
-        blocks are good (the first bad one's error is put in ``datas``)."""
+        blocks are good (the first bad one's error is put in ``datas``). ``total``: the
+        tokens of all ``entries`` (the last may be a tail, shorter than a block)."""
         bt = self.s.block_tokens
         for i, (e, d) in enumerate(zip(entries, datas, strict=True)):
             if isinstance(d, BaseException):
@@ -404,12 +425,14 @@ class Reader:
                 sink.place(i, d)
                 continue
             assert target is not None
-            blk = np.frombuffer(d, dtype=self.s.dtype).reshape(self.s.block_shape)
-            target[block_slice(self.s.spec, i * bt, (i + 1) * bt)] = blk
+            end = min((i + 1) * bt, total)
+            shape = self.s.block_shape if end - i * bt == bt else self.s.spec.kv_shape(end - i * bt)
+            blk = np.frombuffer(d, dtype=self.s.dtype).reshape(shape)
+            target[block_slice(self.s.spec, i * bt, end)] = blk
         return len(entries)
 
     async def read_direct(
-        self, entries: list[Entry], target: np.ndarray[Any, Any] | None, sink: PagedSink | None
+        self, entries: list[Entry], target: np.ndarray[Any, Any] | None, sink: PagedSink | None, total: int
     ) -> bool:
         """The one-copy read: every block on one healthy tier without a codec that does not
         verify reads and scatters into arrays itself (:class:`SupportsArrayIO`) is copied
@@ -433,7 +456,7 @@ class Reader:
             views = [sink.parts(i) for i in range(len(entries))]
         else:
             assert target is not None
-            views = [target[block_slice(spec, i * bt, (i + 1) * bt)] for i in range(len(entries))]
+            views = [target[block_slice(spec, i * bt, min((i + 1) * bt, total))] for i in range(len(entries))]
         t0 = time.perf_counter()
         try:
             await backend.read_arrays([e.key for e in entries], views)

@@ -18,7 +18,10 @@ class PutResult:
     """Outcome of :meth:`TierKV.put`.
 
     ``tokens`` is the prefix length covered by stored blocks after the call
-    (new or already present); ``tail_tokens`` were not stored (partial block).
+    (new or already present); ``tail_tokens`` were not stored (partial block). With
+    ``partial_blocks`` on, the partial block is stored too (a *tail*): ``tokens`` then
+    covers it and ``tail_tokens`` is 0; the tail counts as one of ``new_blocks`` or
+    ``existing_blocks``.
     """
 
     tokens: int
@@ -30,13 +33,16 @@ class PutResult:
 
 @dataclass(frozen=True, slots=True)
 class LookupResult:
-    """The longest stored prefix: ``tokens`` (a multiple of ``block_tokens``),
-    the tiers holding its blocks (fastest first) and each block's tier."""
+    """The longest stored prefix: ``tokens`` (a multiple of ``block_tokens`` plus
+    ``tail_tokens``), its whole ``blocks``, the tiers holding them (fastest first) and
+    each block's tier (a stored tail's last). ``tail_tokens``: the tokens a stored
+    partial last block covers past the whole blocks (0: none; see ``partial_blocks``)."""
 
     tokens: int
     blocks: int
     tiers: tuple[str, ...]
     block_tiers: tuple[str, ...]
+    tail_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

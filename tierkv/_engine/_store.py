@@ -243,7 +243,10 @@ class Store:
         tc = self.tiers[ti].codec
         if tc is None:
             return raw
-        arr = np.frombuffer(raw, dtype=self.dtype).reshape(self.block_shape)
+        shape = self.block_shape
+        if raw.nbytes != self.block_nbytes:  # a partial last block (a tail): fewer tokens
+            shape = self.spec.kv_shape(raw.nbytes // self.index.token_nbytes)
+        arr = np.frombuffer(raw, dtype=self.dtype).reshape(shape)
         return memoryview(await tc.aencode(arr, dtype=self.config.kv_dtype))
 
     async def decoded(self, ti: int, key: str, data: memoryview) -> memoryview:

@@ -12,10 +12,14 @@ Layout (little-endian, 92 bytes, ``struct`` format ``<2sBB16s16s32sIIQ8s``)::
     3      1    flags: bit 0 set = the raw bytes are a lossy codec's reconstruction;
                 bit 1 set = the checksum is xxh3-64's low 32 bits (clear: CRC-32, the
                 tags written before xxh3); bit 2 set = no checksum computed yet (a
-                block on a memory tier whose reads are not verified; checksum 0)
+                block on a memory tier whose reads are not verified; checksum 0);
+                bit 3 set = a partial last block (a *tail*: fewer than ``block_tokens``
+                tokens, a leaf under its parent; its tokens are ``raw bytes`` divided
+                by the bytes of one token)
     4      16   model scope digest (first 16 bytes; tenant-free)
     20     16   tenant id (16 bytes of the tenant's salt; zeros for the default tenant)
     36     32   parent block key (zeros for position 0)
+                (a tail at position 0: the chain seed, the scope digest of its tenant)
     68     4    position of the block in its sequence
     72     4    checksum of the block's raw bytes (the bytes exact tiers hold)
     76     8    raw bytes of the block
@@ -56,6 +60,7 @@ __all__ = [
     "tag_crc",
     "tag_exact",
     "tag_flags",
+    "tag_tail",
     "tag_tenant",
     "unpack_tag",
 ]
@@ -75,6 +80,8 @@ _FLAG_INEXACT = 0x01
 _FLAG_XXH3 = 0x02
 #: tag flag: no checksum computed yet (0 stands in its place)
 _FLAG_UNCHECKED = 0x04
+#: tag flag: a partial last block (a tail; see ``put`` with ``partial_blocks``)
+_FLAG_TAIL = 0x08
 _CRC_AT = struct.Struct("<I")
 
 
@@ -112,10 +119,13 @@ def pack_tag(
     *,
     exact: bool = True,
     checked: bool = True,
+    tail: bool = False,
 ) -> bytes:
     """A new block tag; ``crc`` is :func:`checksum` of the raw bytes, or 0 with
-    ``checked=False`` (none computed yet)."""
-    flags = _FLAG_XXH3 | (0 if exact else _FLAG_INEXACT) | (0 if checked else _FLAG_UNCHECKED)
+    ``checked=False`` (none computed yet); ``tail``: a partial last block."""
+    flags = (
+        _FLAG_XXH3 | (0 if exact else _FLAG_INEXACT) | (0 if checked else _FLAG_UNCHECKED) | (_FLAG_TAIL if tail else 0)
+    )
     return _TAG.pack(_TAG_MAGIC, _TAG_VERSION, flags, model_scope[:16], tenant[:16], parent, pos, crc, nbytes, root[:8])
 
 
@@ -137,12 +147,17 @@ def retag(tag: bytes, crc: int, *, exact: bool) -> bytes:
     if parsed is None:
         return tag
     ms, tenant, parent, pos, _crc, nbytes, root = parsed
-    return pack_tag(ms, tenant, parent, pos, crc, nbytes, root, exact=exact)
+    return pack_tag(ms, tenant, parent, pos, crc, nbytes, root, exact=exact, tail=tag_tail(tag))
 
 
 def checked_tag(tag: bytes, data: Any) -> bytes:
     """``tag`` itself when it carries a checksum, else ``tag`` with the checksum of ``data``."""
     return tag if tag_checked(tag) else retag(tag, checksum(data), exact=tag_exact(tag))
+
+
+def tag_tail(tag: bytes) -> bool:
+    """Whether a tag is a partial last block's (a tail)."""
+    return len(tag) == _TAG.size and bool(tag[3] & _FLAG_TAIL)
 
 
 def tag_exact(tag: bytes) -> bool:

@@ -5,10 +5,22 @@ Blocks and prefixes
 ``put(tokens, kv)`` cuts the token sequence into blocks of ``block_tokens``
 tokens. Each *whole* block is stored under a chained key (see
 :mod:`tierkv._keys`), so a key names the whole prefix up to the end of its
-block. A trailing partial block is **not stored**: ``put`` reports how many
-tokens it covered (a multiple of ``block_tokens``) and the caller keeps or
-recomputes the tail. ``lookup``/``get`` return the longest stored prefix,
-always a multiple of ``block_tokens``.
+block. By default a trailing partial block is **not stored**: ``put`` reports how
+many tokens it covered (a multiple of ``block_tokens``) and the caller keeps or
+recomputes the tail. ``lookup``/``get`` return the longest stored prefix.
+
+With ``partial_blocks = true`` (config), ``put`` also stores the trailing partial
+block (a *tail*, 0 < t < ``block_tokens`` tokens) under its own key, derived from
+its parent (the last whole block's key, or the chain seed) and its exact tokens
+(:func:`tierkv._keys.tail_key`). After the walk over whole blocks stops at block
+``n``, ``lookup``/``get`` look for the longest stored tail under that parent whose
+tokens begin the rest of the request, and the hit covers ``n * block_tokens + t``
+tokens; a follow-up prompt that extends a stored one then recomputes only its new
+tokens. A tail is a leaf (nothing chains below it) and is otherwise a block like
+any other: tiers, checksums, eviction, quotas, tenants, checkpoints and recovery
+from persistent tiers. When the sequence later grows past the tail, the whole block
+is stored normally and the tail, now redundant, is left to eviction (it ranks as
+any block nobody reads). ``put_paged``/``get_paged`` keep whole blocks only.
 
 Concurrency and cancellation
 ----------------------------
@@ -230,7 +242,9 @@ class TierKV:
         durable: bool = False,
         start: int = 0,
     ) -> PutResult:
-        """Store the KV of ``tokens`` in whole blocks (see the module docstring).
+        """Store the KV of ``tokens`` in whole blocks (see the module docstring), and with
+        ``partial_blocks`` on, the trailing partial block too (once every whole block
+        before it is stored).
 
         ``kv_data`` has the layout of :mod:`tierkv._layout` (any strides) covering
         exactly ``tokens[start:]``. Blocks already stored are not written again.
@@ -269,7 +283,16 @@ class TierKV:
         def block(i: int) -> BlockData:
             return kv[block_slice(spec, (i - first) * bt, (i - first + 1) * bt)]  # a view: no copy
 
-        return await self._s.writer.put_blocks(arr_tokens, keys, tid, first, block, block_type, durable)
+        def tail_block(t: int) -> BlockData:
+            at = (len(keys) - first) * bt
+            return kv[block_slice(spec, at, at + t)]
+
+        if not self._s.config.partial_blocks:
+            return await self._s.writer.put_blocks(arr_tokens, keys, tid, first, block, block_type, durable)
+        seed = self._s.scope_digest(tenant)[0]
+        return await self._s.writer.put_blocks(
+            arr_tokens, keys, tid, first, block, block_type, durable, tail_block, seed
+        )
 
     async def put_paged(
         self,
@@ -346,8 +369,13 @@ class TierKV:
                 rows, reason = self._s.index.walk_rows(keys, tid)
             await self._s.reader.drop_forged(keys, len(rows), reason)
             block_tiers = self._s.serving_tier_names(rows)
+            tail = self._tail(arr, keys, rows, reason, tid, tenant) if layout is None else None
+            tail_tokens = 0
+            if tail is not None:
+                tail_tokens = self._s.index.tail_tokens(tail)
+                block_tiers = (*block_tiers, self._s.serving_tier(tail).name)
             tiers = tuple(t.name for t in self._s.tiers if t.name in block_tiers)
-            hit = len(rows) * self._s.block_tokens
+            hit = len(rows) * self._s.block_tokens + tail_tokens
             if span is not None and span.is_recording():
                 span.set_attributes(
                     {
@@ -360,7 +388,25 @@ class TierKV:
                         else "",
                     }
                 )
-        return LookupResult(hit, len(rows), tiers, block_tiers)
+        return LookupResult(hit, len(rows), tiers, block_tiers, tail_tokens)
+
+    def _tail(
+        self,
+        arr: np.ndarray[Any, Any],
+        keys: list[bytes],
+        found: Sequence[Any],
+        reason: str,
+        tid: bytes,
+        tenant: str | None,
+    ) -> Any:
+        """The stored tail after the ``found`` whole blocks (``partial_blocks`` on and the walk
+        ended for want of a block, or at the end), or None."""
+        if not self._s.config.partial_blocks or reason not in ("", "never_stored"):
+            return None
+        n = len(found)
+        if len(arr) <= n * self._s.block_tokens:
+            return None
+        return self._s.index.find_tail(arr, keys, n, tid, self._s.scope_digest(tenant)[0])
 
     async def get(self, tokens: object, *, out: Any = None, tenant: str | None = None) -> GetResult:
         """Return the KV of the longest stored prefix of ``tokens``, bit-identical
@@ -384,7 +430,7 @@ class TierKV:
         """
         self._s.check_open()
         arr, keys, tid = self._s.keys(tokens, tenant)
-        return await self._get(arr, keys, tid, out)
+        return await self._get(arr, keys, tid, out, tenant=tenant, tails=self._s.config.partial_blocks)
 
     async def get_paged(
         self, tokens: object, caches: object, block_table: object, *, layout: PagedLayout, tenant: str | None = None
@@ -409,7 +455,16 @@ class TierKV:
             raise InputError("block_table: an engine block is named twice (each must receive its own tokens)")
         return await self._get(arr, keys, tid, PagedSink(pc, ids))
 
-    async def _get(self, arr: np.ndarray[Any, Any], keys: list[bytes], tid: bytes, out: Any) -> GetResult:
+    async def _get(
+        self,
+        arr: np.ndarray[Any, Any],
+        keys: list[bytes],
+        tid: bytes,
+        out: Any,
+        *,
+        tenant: str | None = None,
+        tails: bool = False,
+    ) -> GetResult:
         with self._s.tel.timed("get") as span:
             found, reason = self._s.index.walk(keys, tid)
             if reason == "never_stored":
@@ -421,9 +476,14 @@ class TierKV:
                 entries, reason = self._s.index.walk(keys, tid)
                 if reason == "never_stored" and len(entries) == found_before:
                     reason = "integrity"  # the forged entry is gone; the caller learns why the prefix ended
+            tail = self._tail(arr, keys, entries, reason, tid, tenant) if tails else None
+            tail_tokens = 0
+            if tail is not None:
+                tail_tokens = self._s.index.tail_tokens(tail)
+                entries = [*entries, tail]
             with self._s.index.pinned(entries):
                 self._s.reader.record_access(entries, len(keys), len(entries))
-                result = await self._s.reader.admitted_fetch(entries, len(keys), out, arr, reason, tid)
+                result = await self._s.reader.admitted_fetch(entries, len(keys), out, arr, reason, tid, tail_tokens)
             operator_reason = result.miss_reason
             if operator_reason == "never_stored":
                 operator_reason = self._s.index.miss_reason(

@@ -21,6 +21,7 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 
+from .._keys import tail_key
 from ..backend import SupportsArrayIO
 from ..errors import InputError, TierUnavailableError
 from ._durable import BlockData, flat, nbytes_of
@@ -49,9 +50,18 @@ class Writer:
         block: Callable[[int], BlockData],
         block_type: str | None,
         durable: bool,
+        tail_block: Callable[[int], BlockData] | None = None,
+        seed: bytes = b"",
     ) -> PutResult:
         """Store blocks ``first..`` of a prefix; ``block(i)`` gives block ``i``'s KV as an
-        array of any strides (its elements in C order are the block's bytes)."""
+        array of any strides (its elements in C order are the block's bytes).
+
+        ``tail_block`` (``partial_blocks`` on, canonical layout only): ``tail_block(t)``
+        gives the KV of the trailing ``t`` tokens past the whole blocks; that partial last
+        block (a *tail*) is stored too, under :func:`~tierkv._keys.tail_key` of its parent
+        (the last whole block's key, or ``seed`` for a sequence shorter than one block),
+        once every whole block before it is stored (a tail after a gap could never be
+        found). A tail is a leaf: it is stored, tiered, verified and evicted as a block."""
         bt = self.s.block_tokens
         if block_type is not None and not isinstance(block_type, str):
             raise InputError(f"block_type: expected a string or None, got {type(block_type).__name__}")
@@ -120,17 +130,34 @@ class Writer:
             # with ``start``: the stored prefix ends at the first block before it that is missing
             lead = next((i for i in range(first) if present[i] is None), len(keys))
             entries = [e for e in present if e is not None]
+            covered = lead * bt
+            if tail_block is not None and tail and lead == len(keys) and all(e is not None for e in present):
+                placed_tail, tail_e = await self._put_tail(
+                    arr_tokens, keys, tid, tail, tail_block, seed, checked, direct, durable, label
+                )
+                if tail_e is not None:
+                    entries.append(tail_e)
+                    covered += tail
+                    tail = 0
+                    if placed_tail:
+                        stored += 1
+                        if self.s.tiers[tail_e.tier].name not in tiers_used:
+                            tiers_used.append(self.s.tiers[tail_e.tier].name)
+                    else:
+                        existing += 1
             self.s.reader.record_access(entries, len(keys), existing)
             if block_type == "tool_context" and self.s.sched.tool is not None:
                 self.s.tool_blocks[self.s.sched.tool] = [k.hex() for k in keys]
                 self.s.sched.chain.observe_size(self.s.sched.tool, sum(e.nbytes for e in entries))
             self.s.sched.transition = None  # a hint applies to the next request only
-            self.s.tel.tenant_tokens.add((len(keys) - first) * bt, {"tenant": tid.hex(), "op": "put"})
+            self.s.tel.tenant_tokens.add(
+                (len(keys) - first) * bt + (covered - lead * bt), {"tenant": tid.hex(), "op": "put"}
+            )
             if span is not None and span.is_recording():
                 span.set_attributes(
                     {
                         "tierkv.tokens": len(arr_tokens),
-                        "tierkv.stored_tokens": (len(keys) - first) * bt,
+                        "tierkv.stored_tokens": (len(keys) - first) * bt + (covered - lead * bt),
                         "tierkv.new_blocks": stored,
                         "tierkv.bytes": sum(nbytes_of(d) for _, d, _ in prepared),
                         "tierkv.tiers": tiers_used,
@@ -150,9 +177,49 @@ class Writer:
         else:
             await self.s.mover.rebalance()
         return PutResult(
-            tokens=lead * bt,
+            tokens=covered,
             new_blocks=stored,
             existing_blocks=existing,
             tail_tokens=tail,
             tiers=tuple(tiers_used),
         )
+
+    async def _put_tail(
+        self,
+        arr_tokens: np.ndarray[Any, Any],
+        keys: list[bytes],
+        tid: bytes,
+        t: int,
+        tail_block: Callable[[int], BlockData],
+        seed: bytes,
+        checked: bool,
+        direct: bool,
+        durable: bool,
+        label: int | None,
+    ) -> tuple[bool, Any]:
+        """Store the tail of ``t`` tokens after ``keys``; (whether written here, its entry
+        or None when it is not indexed after all, e.g. evicted at once)."""
+        bt = self.s.block_tokens
+        n = len(keys)
+        parent = keys[-1] if keys else seed
+        key = tail_key(parent, arr_tokens[n * bt : n * bt + t]).hex()
+        e = self.s.index.entries.get(key)
+        if e is not None and not (durable and e.backing < 0):
+            self.s.index.touch(e)
+            return False, e
+
+        def prepare() -> tuple[BlockData, int]:
+            blk = tail_block(t)
+            if direct:
+                return blk, 0
+            data = flat(blk)
+            return data, checksum(data) if checked else 0
+
+        data, crc = prepare() if direct else await anyio.to_thread.run_sync(prepare)
+        tag = pack_tag(self.s.model_scope, tid, parent, n, crc, nbytes_of(data), b"", checked=checked, tail=True)
+        with anyio.CancelScope(shield=True):
+            placed = await self.s.durable.store_block(key, data, tag, n, tid, parent, durable, b"", label)
+        if placed is None:
+            store = functools.partial(self.s.durable.store_block, key, data, tag, n, tid, parent, durable, b"", label)
+            await self.s.durable.await_concurrent_store(key, store, data, tag, durable)
+        return bool(placed) and e is None, self.s.index.entries.get(key)
