@@ -10,7 +10,11 @@ On a machine without a CUDA GPU it prints why and exits 0 without importing kvik
    round trips, and NvmeBackend (kvikio) write/read of 2 MiB blocks from host
    buffers and from device buffers (``write_device`` / ``read_device``: cuFile
    moves the payload between GPU memory and the file), checking bytes;
-3. prints the io paths, verdicts and MB/s.
+3. drives the public API with CUDA tensors (``TierKV.put`` of a strided CUDA view, ``get(out=)``
+   into a CUDA tensor) over a dram tier (one copy each way through the pinned arena), an hbm
+   tier (the blocks stay on the device) and a pfs tier (staged through host memory), checking
+   bytes and timing each beside a plain torch copy of the same bytes (medians of 3);
+4. prints the io paths, verdicts and MB/s.
 
 Usage: ``python benchmarks/gpu_check.py [--out DIR]``.
 """
@@ -106,6 +110,68 @@ async def own_loops(workdir: Path) -> list[str]:
     return lines
 
 
+async def api_device_path(workdir: Path) -> list[str]:
+    """put/get(out=) of CUDA KV through the public API, per tier, beside torch's own copy."""
+    import statistics
+
+    import torch
+
+    from tierkv import TierKV
+
+    hf = {
+        "model_type": "llama",
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "hidden_size": 576,
+        "head_dim": 64,
+    }
+    n, bt = 4096, 256
+    big = torch.randn((30, 2, n + 64, 3, 64), dtype=torch.float16, device="cuda")
+    src = big[:, :, 32 : 32 + n]  # a strided view, as an engine's cache slice
+    nbytes = src.numel() * 2
+    lines = []
+    tiers = {
+        "dram": {"name": "dram", "backend": "dram", "capacity": "1GiB"},
+        "hbm": {"name": "hbm", "backend": "hbm", "capacity": "1GiB"},
+        "pfs": {"name": "pfs", "backend": "pfs", "path": str(workdir / "api-pfs"), "capacity": "2GiB"},
+    }
+    for name, tier in tiers.items():
+        cfg = {"model": {"name": "gpu-check", "hf_config": hf}, "kv_dtype": "float16", "block_tokens": bt}
+        cfg["tiers"] = [tier]
+        tokens = list(range(1000, 1000 + n))
+        out = torch.zeros_like(src)
+        host = torch.empty(tuple(src.shape), dtype=torch.float16, pin_memory=True)
+        puts, gets, d2h, h2d = [], [], [], []
+        async with await TierKV.open(cfg) as kv:
+            for _ in range(3):
+                await kv.invalidate()
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                await kv.put(tokens, src, durable=name == "pfs")
+                puts.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                g = await kv.get(tokens, out=out)
+                gets.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                host.copy_(src)
+                torch.cuda.synchronize()
+                d2h.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                out.copy_(host)
+                torch.cuda.synchronize()
+                h2d.append(time.perf_counter() - t)
+                g = await kv.get(tokens, out=out)
+        ok = g.tokens == n and torch.equal(out, src)
+        p, q = statistics.median(puts), statistics.median(gets)
+        lines.append(
+            f"api {name}: put {nbytes / p / 1e6:.0f} MB/s ({statistics.median(d2h) / p:.2f}x torch D2H), "
+            f"get(out=cuda) {nbytes / q / 1e6:.0f} MB/s ({statistics.median(h2d) / q:.2f}x torch H2D), "
+            f"tokens {g.tokens}/{n}, bytes ok={ok}"
+        )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=None)
@@ -125,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print(f"gpu_check: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, out={out}")
     summary = anyio.run(own_loops, out)
+    summary += anyio.run(api_device_path, out)
     nvme_cfg = 'path = "{tmp_path}/nvme"\ncapacity = "256MiB"\nslot_bytes = "2MiB"\nio = "%s"\n' % (
         "kvikio" if kvikio_installed() else "posix"
     )

@@ -233,7 +233,44 @@ async def test_bad_paged_input_is_typed_and_stores_or_writes_nothing(tmp_path: P
             c.flags.writeable = False
         with pytest.raises(KVLayoutError, match="writable"):
             await store.get_paged(toks(), ro, table, layout=layout)
+        with pytest.raises(InputError, match="start"):
+            await store.get_paged(toks(), dst, table, layout=layout, start=BT // 2)
+        with pytest.raises(InputError, match="start"):
+            await store.get_paged(toks(), dst, table, layout=layout, start=N + BT)
         assert all((c == SENTINEL).all() for c in dst)
+
+
+@pytest.mark.parametrize("storage", ["apart", "one buffer"])
+async def test_get_paged_from_start_leaves_the_engines_own_prefix_alone(tmp_path: Path, storage: str) -> None:
+    """``start``: the engine holds the first blocks (its own prefix cache): only the blocks after them
+    are read and written; a stored prefix that ends before ``start`` loads nothing."""
+    eb = BT // 2
+    layout = PagedLayout.named("vllm-cpu", eb)
+    kv = kv_for(N, seed=7)
+    t_put, t_get = np.random.default_rng(8).permutation(NB), np.random.default_rng(9).permutation(NB)
+    src = empty_caches(30, layout, kv, storage)
+    fill(src, kv, t_put, layout, N)
+    async with await TierKV.open(config(tmp_path)) as store:
+        await store.put_paged(toks(), src, t_put, layout=layout)
+        whole = (N // BT) * BT
+        dst = empty_caches(30, layout, kv, storage)
+        before = {n: s.hits for n, s in store.stats().items()}
+        g = await store.get_paged(toks(), dst, t_get, layout=layout, start=BT)
+        assert g.tokens == whole and g.miss_reason == ""  # every whole block (the partial one has no key)
+        assert sum(s.hits - before[n] for n, s in store.stats().items()) == whole // BT - 1  # blocks read
+        for j in range(N // eb + 1):  # the engine blocks of the first BT tokens are untouched
+            blk = dst[0][t_get[j]]
+            assert (blk == SENTINEL).all() == (j < BT // eb or j >= whole // eb)
+        got = read_back(dst, t_get, layout, whole, kv)
+        want = np.ascontiguousarray(kv[:, :, BT:whole]).tobytes()
+        assert got[:, :, BT:whole].tobytes() == want
+        # a chain stored only up to one block: nothing from start=2*BT on
+        short = empty_caches(30, layout, kv, storage)
+        await store.invalidate()
+        await store.put_paged(toks(BT), src, t_put, layout=layout)
+        g2 = await store.get_paged(toks(), short, t_get, layout=layout, start=2 * BT)
+        assert g2.tokens == BT < 2 * BT and g2.kv is None
+        assert all((c == SENTINEL).all() for c in short)
 
 
 def test_paged_through_the_sync_facade(tmp_path: Path) -> None:
@@ -248,3 +285,6 @@ def test_paged_through_the_sync_facade(tmp_path: Path) -> None:
         assert store.get_paged(toks(), dst, table[::-1].copy(), layout=layout).tokens == (N // BT) * BT
         got = read_back(dst, table[::-1].copy(), layout, (N // BT) * BT, kv)
         assert got.tobytes() == np.ascontiguousarray(kv[:, :, : (N // BT) * BT]).tobytes()
+        later = empty_caches(30, layout, kv)
+        assert store.get_paged(toks(), later, table, layout=layout, start=BT).tokens == (N // BT) * BT
+        assert (later[0][0][table[0]] == SENTINEL).all() and not (later[0][0][table[2]] == SENTINEL).all()

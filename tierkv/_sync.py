@@ -305,11 +305,18 @@ class SyncTierKV:
         )
 
     def get_paged(
-        self, tokens: object, caches: object, block_table: object, *, layout: PagedLayout, tenant: str | None = None
+        self,
+        tokens: object,
+        caches: object,
+        block_table: object,
+        *,
+        layout: PagedLayout,
+        tenant: str | None = None,
+        start: int = 0,
     ) -> GetResult:
         """:meth:`TierKV.get_paged`, from a synchronous thread."""
         kv = self.aio
-        return self._call(lambda: kv.get_paged(tokens, caches, block_table, layout=layout, tenant=tenant))
+        return self._call(lambda: kv.get_paged(tokens, caches, block_table, layout=layout, tenant=tenant, start=start))
 
     def invalidate(self, *, tenant: str | None = None, all_tenants: bool = False, scope: Scope | None = None) -> int:
         """:meth:`TierKV.invalidate`, from a synchronous thread."""

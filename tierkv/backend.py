@@ -87,6 +87,8 @@ from ._certification import (
     certify_batch,
 )
 from ._checks import MAX_TAG_BYTES, as_byte_view, check_allocation, into_view, validate_key
+from ._device import copy as device_copy
+from ._device import host_view, is_device_tensor
 from ._ledger import Allocation, Reservation, ReservationLedger
 from ._options import (
     config_path,
@@ -130,7 +132,10 @@ __all__ = [
     "certify_batch",
     "check_allocation",
     "config_path",
+    "device_copy",
+    "host_view",
     "into_view",
+    "is_device_tensor",
     "load_backend_class",
     "opt_bool",
     "opt_choice",
@@ -566,7 +571,13 @@ class SupportsArrayIO(Protocol):
     core uses it to gather a block from a view of the caller's KV or cache and to scatter
     it into the caller's ``out`` or cache. Same contracts as :meth:`Backend.write_many` /
     :meth:`Backend.read_many` (all-or-nothing commit, errors, cancellation); arrays whose
-    bytes do not add up to the block's, or a read-only destination, raise InputError."""
+    bytes do not add up to the block's, or a read-only destination, raise InputError.
+
+    A block may also come as an accelerator tensor (:func:`is_device_tensor`: the caller's
+    KV on a GPU): copy it with :func:`device_copy` to or from :func:`host_view` of the
+    block's memory, in a worker thread (the copy blocks until the device completes it);
+    the DRAM tier's memory is page-locked when a CUDA device is present, so that copy is
+    one DMA each way."""
 
     async def write_arrays(self, allocations: Sequence[Allocation], arrays: Sequence[Any]) -> None:
         """Commit each allocation with the elements of the matching array(s)."""

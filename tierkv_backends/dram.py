@@ -105,6 +105,9 @@ from tierkv.backend import (
     Taken,
     TierKind,
     as_byte_view,
+    device_copy,
+    host_view,
+    is_device_tensor,
     opt_bool,
     opt_choice,
     opt_int,
@@ -651,6 +654,12 @@ class DramBackend(Backend):
             parts = a if isinstance(a, (list, tuple)) else (a,)
             off = s.offset
             for p in parts:
+                if is_device_tensor(p):  # an accelerator tensor: copied to or from a torch view of the arena
+                    if off + p.nbytes > s.offset + s.nbytes:
+                        break
+                    out.append((p, host_view(view[off : off + p.nbytes], p)))
+                    off += p.nbytes
+                    continue
                 arr = p.array if isinstance(p, Taken) else p
                 if not isinstance(arr, np.ndarray):
                     raise InputError(f"[{self.name}] expected a numpy array, got {type(p).__name__}")
@@ -670,17 +679,24 @@ class DramBackend(Backend):
         docstring; ``slices`` splits a block along its first axis."""
         total = sum(a.nbytes for a, _ in pairs)
 
-        def one(a: Any, v: np.ndarray[Any, Any]) -> None:
+        def one(a: Any, v: Any) -> None:
             if isinstance(a, Taken):
                 a.scatter_from(v) if out else a.gather_into(v)
-            else:
+            elif isinstance(a, np.ndarray):
                 np.copyto(a, v) if out else np.copyto(v, a)
+            else:  # an accelerator tensor and a torch view of the (pinned) arena
+                device_copy(a, v) if out else device_copy(v, a)
 
         def run() -> None:
             for a, v in pairs:
                 one(a, v)
 
-        if total <= self._inline:
+        if any(not isinstance(a, (Taken, np.ndarray)) for a, _ in pairs):
+            # accelerator copies block until the device completes them: a worker thread, waited
+            # for even when cancelled (the caller's memory is written until it returns)
+            await anyio.to_thread.run_sync(run, limiter=self._limiter)
+            await anyio.lowlevel.checkpoint_if_cancelled()
+        elif total <= self._inline:
             run()
             await anyio.lowlevel.checkpoint_if_cancelled()
         elif self._large == "thread":

@@ -28,7 +28,7 @@ SHARED = 1100
 HIT = SHARED // 128 * 128  # 1024: whole tierkv blocks of the shared prefix
 ENGINE_BLOCK = 32
 MAX_TOKENS = 8
-GROUPS = {"prefix": 2, "tenant": 3, "fail": 2, "restart": 2, "turn": 1}
+GROUPS = {"prefix": 2, "tenant": 3, "fail": 2, "restart": 2, "turn": 1, "local": 2}
 # the "turn" prompt ends 4 tokens before a tierkv block: its answer's 5th token completes that block
 TURN = 1276
 
@@ -70,10 +70,11 @@ class Engines:
         self.name: str | None = None
         self.llm: Any = None
 
-    def get(self, name: str, tierkv_config: dict[str, Any] | None) -> Any:
+    def get(self, name: str, tierkv_config: dict[str, Any] | None, **llm: Any) -> Any:
+        """The engine ``name`` (made with ``vllm.LLM`` arguments ``llm`` over the defaults)."""
         if self.name != name:
             self.close()
-            self.llm = vllm_run.make_llm(self.kwargs, tierkv_config)
+            self.llm = vllm_run.make_llm({**self.kwargs, **llm}, tierkv_config)
             self.name = name
         return self.llm
 
@@ -176,6 +177,25 @@ def test_generated_tokens_are_saved_for_the_next_turn(
     assert second["num_cached_tokens"] == (TURN // 128 + 1) * 128 > TURN
     assert s["loaded_tokens"] == second["num_cached_tokens"] and s["load_error_blocks"] == 0
     assert second["tokens"] == baseline["turn2"][0]
+
+
+def test_loads_what_follows_the_engines_own_prefix_cache_hit(
+    engines: Engines, baseline: dict[str, list[list[int]]], prompts: dict[str, list[list[int]]], pfs_dir: Path
+) -> None:
+    """With vLLM's prefix caching on, a request whose first blocks vLLM holds itself gets the rest of the
+    stored prefix from tierkv, loaded after those blocks (which tierkv never writes)."""
+    first, second = prompts["local"]
+    llm = engines.get("dram+pfs, prefix caching", dram_pfs_config(pfs_dir), enable_prefix_caching=True)
+    run(llm, [first])  # tierkv now holds the shared prefix's 8 whole blocks
+    assert llm.reset_prefix_cache()  # vLLM's own cache forgets them
+    local = 3 * 128  # vLLM's own cache will hold the first 384 tokens (12 of its blocks) of the shared prefix
+    (short,), _, _ = run(llm, [first[:local] + second[SHARED:]])
+    assert short["num_cached_tokens"] == local  # from tierkv (vLLM's cache was empty); vLLM keeps them
+    (out,), s, hits = run(llm, [second])
+    assert out["num_cached_tokens"] == HIT  # 384 from vLLM's cache, the next 640 from tierkv
+    assert s["loaded_tokens"] == HIT - local and s["load_error_blocks"] == 0
+    assert sum(hits.values()) == (HIT - local) // 128  # tierkv's own stats: the blocks vLLM held were not read
+    assert out["tokens"] == baseline["local"][1]
 
 
 # ----------------------------------------------------------------------------- restart

@@ -19,7 +19,8 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 
-from ..backend import SupportsArrayIO, SupportsScan, Taken
+from .._device import contiguous_bytes, is_device_tensor, to_host
+from ..backend import SupportsArrayIO, SupportsDeviceIO, SupportsScan, Taken
 from ..errors import (
     BackendError,
     BlockExistsError,
@@ -45,9 +46,12 @@ def nbytes_of(data: BlockData) -> int:
 
 
 def flat(data: BlockData) -> memoryview:
-    """The raw bytes of ``data`` as one flat buffer (a copy unless it is one already)."""
+    """The raw bytes of ``data`` as one flat buffer (a copy unless it is one already; for an
+    accelerator tensor, a copy to host memory, blocking)."""
     if isinstance(data, memoryview):
         return data
+    if is_device_tensor(data):
+        return to_host(data)
     if isinstance(data, np.ndarray):
         return np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
     buf = np.empty(nbytes_of(data), dtype=np.uint8)
@@ -202,11 +206,12 @@ class Durable:
         tid = tag_tenant(tag) or ZERO16
         nbytes = nbytes_of(data)
         raw = data if isinstance(data, memoryview) else None  # the flat bytes, made at most once
+        on_device = is_device_tensor(data)
 
-        def raw_bytes() -> memoryview:
+        async def raw_bytes() -> memoryview:
             nonlocal raw
-            if raw is None:
-                raw = flat(data)
+            if raw is None:  # an accelerator block's staging copy to the host runs in a worker thread
+                raw = await anyio.to_thread.run_sync(flat, data) if on_device else flat(data)
             return raw
 
         for ti in [start] if only else range(start, len(self.s.tiers)):
@@ -220,9 +225,12 @@ class Durable:
                 )
                 continue
             if self.s.needs_checksum(ti) and not tag_checked(tag):
-                tag = checked_tag(tag, raw_bytes())
+                tag = checked_tag(tag, await raw_bytes())
             direct = raw is None and t.codec is None and isinstance(t.backend, SupportsArrayIO)
-            payload = None if direct else await self.s.encode_for(ti, raw_bytes())
+            # an accelerator block to a device-resident tier stays on the device
+            device_io = on_device and raw is None and t.codec is None and not direct
+            device_io = device_io and isinstance(t.backend, SupportsDeviceIO)
+            payload = None if direct or device_io else await self.s.encode_for(ti, await raw_bytes())
             for _attempt in range(2):
                 try:
                     alloc = await self.s.mover.allocate_with_room(
@@ -232,7 +240,7 @@ class Durable:
                     if not await t.backend.contains(key):
                         return None  # only reserved: another task is writing it right now
                     if not tag_checked(tag):
-                        tag = checked_tag(tag, raw_bytes())
+                        tag = checked_tag(tag, await raw_bytes())
                     if await self.verify_copy(ti, key, nbytes, tag):
                         return ti, tag  # committed earlier (e.g. a write-through copy): adopt it
                     if self.s.index.entries.get(key) is not None:
@@ -247,7 +255,10 @@ class Durable:
                     last_exc = exc
                     break
                 try:
-                    if payload is None:
+                    if device_io:
+                        src = await anyio.to_thread.run_sync(contiguous_bytes, data)
+                        await cast("SupportsDeviceIO", t.backend).write_device(alloc, src)
+                    elif payload is None:
                         await cast("SupportsArrayIO", t.backend).write_arrays([alloc], [data])
                     else:
                         await t.backend.write(alloc, payload)

@@ -14,15 +14,17 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 import anyio.lowlevel
 import numpy as np
 
+from .._device import check_device_kv, host_view, is_device_tensor
+from .._device import copy as device_copy
 from .._layout import as_numpy_kv, block_slice
 from .._paged import PagedSink
-from ..backend import SupportsArrayIO, SupportsTagLookup
+from ..backend import SupportsArrayIO, SupportsDeviceIO, SupportsTagLookup
 from ..errors import (
     BackendError,
     BlockNotFoundError,
@@ -428,7 +430,11 @@ class Reader:
             end = min((i + 1) * bt, total)
             shape = self.s.block_shape if end - i * bt == bt else self.s.spec.kv_shape(end - i * bt)
             blk = np.frombuffer(d, dtype=self.s.dtype).reshape(shape)
-            target[block_slice(self.s.spec, i * bt, end)] = blk
+            view = target[block_slice(self.s.spec, i * bt, end)]
+            if is_device_tensor(view):  # a host block to the accelerator (one copy)
+                device_copy(view, host_view(np.frombuffer(d, dtype=np.uint8), view))
+            else:
+                view[...] = blk
         return len(entries)
 
     async def read_direct(
@@ -442,15 +448,18 @@ class Reader:
         ti = entries[0].tier
         tier = self.s.tiers[ti]
         backend = tier.backend
+        on_device = target is not None and is_device_tensor(target)
         if (
             tier.codec is not None
             or self.s.verifies(ti)
             or not tier.healthy
-            or not isinstance(backend, SupportsArrayIO)
+            or not (isinstance(backend, SupportsArrayIO) or (on_device and isinstance(backend, SupportsDeviceIO)))
             or any(e.tier != ti for e in entries)
         ):
             return False
         bt, spec = self.s.block_tokens, self.s.spec
+        if on_device and not isinstance(backend, SupportsArrayIO):
+            return await self._read_device(ti, entries, target, total)
         views: list[Any]
         if sink is not None:
             views = [sink.parts(i) for i in range(len(entries))]
@@ -459,7 +468,31 @@ class Reader:
             views = [target[block_slice(spec, i * bt, min((i + 1) * bt, total))] for i in range(len(entries))]
         t0 = time.perf_counter()
         try:
-            await backend.read_arrays([e.key for e in entries], views)
+            await cast("SupportsArrayIO", backend).read_arrays([e.key for e in entries], views)
+        except BackendError as exc:
+            if not isinstance(exc, (BlockNotFoundError, IntegrityError)):
+                self.s.tier_failed(ti, exc)
+            return False
+        tier.breaker.record_success()
+        self.s.sched.estimators[ti].observe(sum(e.nbytes for e in entries), time.perf_counter() - t0)
+        return True
+
+    async def _read_device(self, ti: int, entries: list[Entry], target: Any, total: int) -> bool:
+        """:meth:`read_direct` for an accelerator ``target`` from a device-resident tier
+        (:class:`SupportsDeviceIO`): each block is read on the device and copied into its
+        place there; it never crosses to the host."""
+        tier = self.s.tiers[ti]
+        backend = cast("SupportsDeviceIO", tier.backend)
+        bt, spec = self.s.block_tokens, self.s.spec
+        t0 = time.perf_counter()
+        import torch
+
+        try:
+            for i, e in enumerate(entries):
+                view = target[block_slice(spec, i * bt, min((i + 1) * bt, total))]
+                buf = torch.empty(e.nbytes, dtype=torch.uint8, device=view.device)
+                got = await backend.read_device(e.key, into=buf)
+                await anyio.to_thread.run_sync(device_copy, view, got.view(view.dtype).reshape(view.shape))
         except BackendError as exc:
             if not isinstance(exc, (BlockNotFoundError, IntegrityError)):
                 self.s.tier_failed(ti, exc)
@@ -483,11 +516,13 @@ class Reader:
         except BackendError:
             pass
 
-    def out_view(self, out: Any, tokens: int) -> np.ndarray[Any, Any]:
+    def out_view(self, out: Any, tokens: int) -> Any:
+        """Where a get writes: a new array (``out`` None), a numpy view of ``out``, or ``out``
+        itself for an accelerator tensor; KVLayoutError for a wrong type, shape or dtype."""
         if out is None:
             return np.empty(self.s.spec.kv_shape(tokens), dtype=self.s.dtype)
         if not isinstance(out, np.ndarray) and not type(out).__module__.startswith("torch"):
-            raise KVLayoutError("out type", "a numpy array or a CPU torch tensor", type(out).__name__)
+            raise KVLayoutError("out type", "a numpy array or a torch tensor", type(out).__name__)
         shape = tuple(out.shape)
         expected = self.s.spec.kv_shape(tokens)
         ax = 1 if self.s.spec.attention == "mla" else 2
@@ -495,6 +530,8 @@ class Reader:
             (s != x) if j != ax else (s < x) for j, (s, x) in enumerate(zip(shape, expected, strict=True))
         ):
             raise KVLayoutError("out shape", f"{expected} (or more tokens on axis {ax})", shape)
+        if is_device_tensor(out):
+            return check_device_kv(out, self.s.spec, self.s.config.kv_dtype, shape[ax], what="out")
         probe = as_numpy_kv(out, self.s.spec, self.s.config.kv_dtype, shape[ax])
         if not probe.flags.writeable:
             raise KVLayoutError("out", "a writable buffer", "read-only")

@@ -51,8 +51,9 @@ service (``_service``), checkpoints (``_checkpoint``), speculative staging
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import anyio
 import anyio.lowlevel
@@ -60,6 +61,7 @@ import numpy as np
 from anyio.abc import TaskGroup, TaskStatus
 
 from .._config import Config
+from .._device import check_device_kv, is_device_tensor
 from .._keys import Scope, tenant_salt
 from .._layout import STORAGE_DTYPES, as_numpy_kv, block_slice
 from .._options import config_path
@@ -277,15 +279,21 @@ class TierKV:
         self._s.check_open()
         arr_tokens, keys, tid = self._s.keys(tokens, tenant)
         first = self._first_block(start, len(arr_tokens))
-        kv = as_numpy_kv(kv_data, self._s.spec, self._s.config.kv_dtype, len(arr_tokens) - start)
+        n_kv = len(arr_tokens) - start
+        kv: Any = (
+            check_device_kv(kv_data, self._s.spec, self._s.config.kv_dtype, n_kv)
+            if is_device_tensor(kv_data)
+            else as_numpy_kv(kv_data, self._s.spec, self._s.config.kv_dtype, n_kv)
+        )
         spec, bt = self._s.spec, self._s.block_tokens
 
         def block(i: int) -> BlockData:
-            return kv[block_slice(spec, (i - first) * bt, (i - first + 1) * bt)]  # a view: no copy
+            # a view, no copy (of an accelerator tensor too: BlockData's array, see tierkv._device)
+            return cast("BlockData", kv[block_slice(spec, (i - first) * bt, (i - first + 1) * bt)])
 
         def tail_block(t: int) -> BlockData:
             at = (len(keys) - first) * bt
-            return kv[block_slice(spec, at, at + t)]
+            return cast("BlockData", kv[block_slice(spec, at, at + t)])
 
         if not self._s.config.partial_blocks:
             return await self._s.writer.put_blocks(arr_tokens, keys, tid, first, block, block_type, durable)
@@ -433,7 +441,14 @@ class TierKV:
         return await self._get(arr, keys, tid, out, tenant=tenant, tails=self._s.config.partial_blocks)
 
     async def get_paged(
-        self, tokens: object, caches: object, block_table: object, *, layout: PagedLayout, tenant: str | None = None
+        self,
+        tokens: object,
+        caches: object,
+        block_table: object,
+        *,
+        layout: PagedLayout,
+        tenant: str | None = None,
+        start: int = 0,
     ) -> GetResult:
         """Load the longest stored prefix of ``tokens`` that was put with :meth:`put_paged` in
         the same ``layout`` into the engine blocks ``block_table`` names (see
@@ -441,19 +456,28 @@ class TierKV:
         its engine blocks. Returns a GetResult whose ``kv`` is None: the caches hold it.
         Engine blocks past the returned prefix are not written.
 
+        ``start`` (a multiple of ``block_tokens``): the engine already holds tokens
+        ``[0, start)`` (its own prefix cache): the stored prefix is found as without it (the
+        keys chain from token 0, and every block before ``start`` must be stored too), but
+        only the blocks from ``start`` on are read and written, and the engine blocks of the
+        first ``start`` tokens are never touched. ``tokens`` of the result is where the
+        stored prefix ends; less than ``start`` (nothing was loaded) when it ends before it.
+
         Raises InputError (a block id outside the caches or named twice, a table too short
-        for the tokens), KVLayoutError (caches that do not match the layout or the model, or
-        read-only), and what :meth:`get` raises; nothing is written on a bad argument.
+        for the tokens, a bad ``start``), KVLayoutError (caches that do not match the layout or
+        the model, or read-only), and what :meth:`get` raises; nothing is written on a bad
+        argument.
         """
         self._s.check_open()
         if not isinstance(layout, PagedLayout):
             raise InputError(f"layout: expected a tierkv.PagedLayout, got {type(layout).__name__}")
         arr, keys, tid = self._s.keys(tokens, tenant, layout.key_id)
+        skip = self._first_block(start, len(arr))
         pc = self._paged(caches, layout, writable=True)
         ids = pc.table(block_table, len(arr))
         if len(np.unique(ids)) != len(ids):
             raise InputError("block_table: an engine block is named twice (each must receive its own tokens)")
-        return await self._get(arr, keys, tid, PagedSink(pc, ids))
+        return await self._get(arr, keys, tid, PagedSink(pc, ids[skip * pc.per :]), skip=skip)
 
     async def _get(
         self,
@@ -464,7 +488,11 @@ class TierKV:
         *,
         tenant: str | None = None,
         tails: bool = False,
+        skip: int = 0,
     ) -> GetResult:
+        """The get of the walked prefix of ``keys``; ``skip``: the leading blocks the caller
+        already holds (they must be stored, they are neither read nor written: ``out`` takes
+        the blocks from ``skip`` on; only without tails)."""
         with self._s.tel.timed("get") as span:
             found, reason = self._s.index.walk(keys, tid)
             if reason == "never_stored":
@@ -481,15 +509,35 @@ class TierKV:
             if tail is not None:
                 tail_tokens = self._s.index.tail_tokens(tail)
                 entries = [*entries, tail]
+            if skip and len(entries) <= skip:  # the stored prefix ends inside what the caller holds
+                self._s.reader.record_access(entries, len(keys), len(entries))
+                reason = (
+                    self._s.index.miss_reason(arr, len(entries), reason, tid)[0] if len(entries) < len(keys) else ""
+                )
+                return GetResult(len(entries) * self._s.block_tokens, None, (), reason)
             with self._s.index.pinned(entries):
                 self._s.reader.record_access(entries, len(keys), len(entries))
-                result = await self._s.reader.admitted_fetch(entries, len(keys), out, arr, reason, tid, tail_tokens)
+                result = await self._s.reader.admitted_fetch(
+                    entries[skip:], len(keys) - skip, out, arr, reason, tid, tail_tokens
+                )
+            served = entries[skip:]
+            if skip:
+                read = result.tokens // self._s.block_tokens
+                miss = result.miss_reason
+                if miss and read == len(served):  # the walk's reason, found at the absolute position
+                    miss = self._s.index.miss_reason(arr, skip + read, reason, tid)[0]
+                relative, result = (
+                    result,
+                    replace(result, tokens=result.tokens + skip * self._s.block_tokens, miss_reason=miss),
+                )
+            else:
+                relative = result
             operator_reason = result.miss_reason
             if operator_reason == "never_stored":
                 operator_reason = self._s.index.miss_reason(
                     arr, result.tokens // self._s.block_tokens, "never_stored", tid
                 )[1]
-            self._s.reader.after_get(result, entries, tid, span, len(arr), operator_reason)
+            self._s.reader.after_get(relative, served, tid, span, len(arr), operator_reason)
         return result
 
     async def invalidate(

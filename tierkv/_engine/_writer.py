@@ -21,8 +21,9 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 
+from .._device import is_device_tensor
 from .._keys import tail_key
-from ..backend import SupportsArrayIO
+from ..backend import SupportsArrayIO, SupportsDeviceIO
 from ..errors import InputError, TierUnavailableError
 from ._durable import BlockData, flat, nbytes_of
 from ._results import PutResult
@@ -87,7 +88,13 @@ class Writer:
         checked = durable or self.s.needs_checksum(fastest)
         # nothing to hash and a tier that gathers strided arrays itself: the block is copied
         # once, from the caller's memory into the tier's (no intermediate, no thread hop)
-        direct = not checked and top.codec is None and isinstance(top.backend, SupportsArrayIO)
+        # (an accelerator block likewise, or stays on the device for a device-resident tier)
+        on_device = bool(todo) and is_device_tensor(block(todo[0]))
+        direct = (
+            not checked
+            and top.codec is None
+            and (isinstance(top.backend, SupportsArrayIO) or (on_device and isinstance(top.backend, SupportsDeviceIO)))
+        )
 
         def prepare() -> list[tuple[int, BlockData, int]]:
             out: list[tuple[int, BlockData, int]] = []

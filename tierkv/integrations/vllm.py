@@ -109,12 +109,14 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 @dataclass(frozen=True, slots=True)
 class LoadSpec:
-    """Load the stored prefix ``tokens`` of request ``req_id`` into engine blocks ``block_ids``."""
+    """Load the stored prefix ``tokens`` of request ``req_id`` into engine blocks ``block_ids``, from token
+    ``start`` on (a multiple of ``block_tokens``)."""
 
     req_id: str
     tokens: tuple[int, ...]
     block_ids: tuple[int, ...]
     tenant: str | None
+    start: int = 0  # the engine computed tokens [0, start) itself (its prefix cache): loaded from here
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,6 +424,7 @@ class _Req:
     tenant: str | None
     block_ids: list[int] = field(default_factory=list)
     load_tokens: int = 0  # planned, not yet sent to the workers
+    load_start: int = 0  # the planned load starts here (vLLM computed the tokens before it itself)
     loaded: int = 0  # the prefix the last load plan covers
     saved: bool = False  # the prompt's whole blocks are planned for saving
     saved_to: int = 0  # tokens planned for saving so far (whole tierkv blocks; generated ones included)
@@ -455,7 +458,7 @@ class TierKVConnector(_KVConnectorBase):  # type: ignore[misc]
             )
         # scheduler side
         self._reqs: dict[str, _Req] = {}
-        self._matched: dict[str, tuple[int, tuple[str, ...]]] = {}
+        self._matched: dict[str, tuple[int, tuple[str, ...], int]] = {}  # new tokens, their tiers, local hit
         # worker side
         self._caches: list[Any] = []
         self._load_errors: set[int] = set()
@@ -501,13 +504,14 @@ class TierKVConnector(_KVConnectorBase):  # type: ignore[misc]
         return tuple(int(t) for t in ids)
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
-        """Tokens of the prompt beyond ``num_computed_tokens`` that tierkv holds: its longest stored prefix
-        in whole tierkv blocks, at most ``len(prompt) - 1``; 0 when vLLM already has some of the prompt
-        (tierkv loads prefixes from token 0 only). Loads are synchronous (second value False). A store
-        that fails to answer is a miss (logged), never an error in the scheduler. Side-effect free but
-        for remembering the answer for :meth:`update_state_after_alloc`."""
+        """Tokens of the prompt beyond ``num_computed_tokens`` (what vLLM's own prefix cache holds) that
+        tierkv holds: its longest stored prefix in whole tierkv blocks, at most ``len(prompt) - 1``, less
+        ``num_computed_tokens``; 0 when that is not a multiple of ``block_tokens`` (tierkv would have to
+        write into a block vLLM shares with other requests). Loads are synchronous (second value False). A
+        store that fails to answer is a miss (logged), never an error in the scheduler. Side-effect free
+        but for remembering the answer for :meth:`update_state_after_alloc`."""
         tokens = self._eligible(request)
-        if tokens is None or num_computed_tokens > 0 or len(tokens) <= self._bt:
+        if tokens is None or num_computed_tokens % self._bt or len(tokens) <= self._bt:
             return 0, False
         limit = (len(tokens) - 1) // self._bt * self._bt
         tenant = getattr(request, "cache_salt", None)
@@ -517,15 +521,17 @@ class TierKVConnector(_KVConnectorBase):  # type: ignore[misc]
             _LOG.warning("tierkv: lookup failed for request %s (%s): recomputing", request.request_id, exc)
             return 0, False
         hit = min(found.tokens, limit)
-        _COUNTERS.add(lookups=1, lookup_tokens=hit)
-        self._matched[request.request_id] = (hit, found.block_tiers[: hit // self._bt])
-        return hit, False
+        new = max(0, hit - num_computed_tokens)
+        _COUNTERS.add(lookups=1, lookup_tokens=new)
+        tiers = found.block_tiers[num_computed_tokens // self._bt : hit // self._bt]
+        self._matched[request.request_id] = (new, tiers, num_computed_tokens)
+        return new, False
 
     def get_external_cache_hit_sources(self, request: Any, num_external_tokens: int) -> dict[Any, int]:
         """The external tokens split by the kind of tier that holds them (memory tiers: HOST, storage: DISK)."""
         if num_external_tokens == 0 or _HitSource is None:
             return {}
-        _, tiers = self._matched.get(request.request_id, (0, ()))
+        _, tiers, _ = self._matched.get(request.request_id, (0, (), 0))
         if not self._tier_kinds:
             self._tier_kinds = {name: s.kind for name, s in self.store.stats().items()}
         out: dict[Any, int] = {}
@@ -558,7 +564,10 @@ class TierKVConnector(_KVConnectorBase):  # type: ignore[misc]
             st = self._reqs[request.request_id] = _Req(tokens, getattr(request, "cache_salt", None))
             st.request = request if self._setup.save_decoded else None
         if num_external_tokens > 0:
-            st.load_tokens = int(num_external_tokens)
+            # vLLM's own prefix-cache hit, as get_num_new_matched_tokens was told it
+            local = self._matched.get(request.request_id, (0, (), 0))[2]
+            st.load_start = local
+            st.load_tokens = local + int(num_external_tokens)
             st.loaded = st.load_tokens // self._bt * self._bt
 
     def build_connector_meta(self, scheduler_output: Any) -> TierKVConnectorMetadata:
@@ -599,8 +608,8 @@ class TierKVConnector(_KVConnectorBase):  # type: ignore[misc]
         ids = tuple(st.block_ids)
         self._matched.pop(req_id, None)
         if st.load_tokens:
-            loads.append(LoadSpec(req_id, st.tokens[: st.load_tokens], ids, st.tenant))
-            st.load_tokens = 0
+            loads.append(LoadSpec(req_id, st.tokens[: st.load_tokens], ids, st.tenant, st.load_start))
+            st.load_tokens = st.load_start = 0
         if not st.saved:
             if end >= len(st.tokens) and len(st.tokens) >= self._bt:
                 need = -(-len(st.tokens) // self._bs)
@@ -657,12 +666,17 @@ class TierKVConnector(_KVConnectorBase):  # type: ignore[misc]
             t0 = time.perf_counter()
             try:
                 got = store.get_paged(
-                    list(ld.tokens), self._caches, list(ld.block_ids), layout=self._layout, tenant=ld.tenant
+                    list(ld.tokens),
+                    self._caches,
+                    list(ld.block_ids),
+                    layout=self._layout,
+                    tenant=ld.tenant,
+                    start=ld.start,
                 )
-                n = got.tokens
+                n = max(got.tokens, ld.start)
                 reason = got.miss_reason
             except TierKVError as exc:
-                n, reason = 0, f"{type(exc).__name__}: {exc}"
+                n, reason = ld.start, f"{type(exc).__name__}: {exc}"
             dt = time.perf_counter() - t0
             bad: list[int] = []
             if n < len(ld.tokens):
@@ -672,12 +686,12 @@ class TierKVConnector(_KVConnectorBase):  # type: ignore[misc]
                 _LOG.warning(
                     "tierkv: request %s loaded %d of %d tokens (%s); %d engine blocks reported for recompute",
                     ld.req_id,
-                    n,
-                    len(ld.tokens),
+                    n - ld.start,
+                    len(ld.tokens) - ld.start,
                     reason or "miss",
                     len(bad),
                 )
-            _COUNTERS.add(loads=1, loaded_tokens=n, load_error_blocks=len(bad), load_s=dt)
+            _COUNTERS.add(loads=1, loaded_tokens=n - ld.start, load_error_blocks=len(bad), load_s=dt)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Nothing to wait for: :meth:`start_load_kv` loads every layer before the forward pass."""
