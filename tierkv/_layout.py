@@ -51,7 +51,9 @@ def from_torch(t: Any, kv_dtype: str) -> np.ndarray[Any, Any]:
     if dev is not None and dev.type == "meta":
         raise KVLayoutError("device", "a tensor with data on the cpu", "a 'meta' tensor (shape only, no data)")
     if dev is not None and dev.type != "cpu":
-        raise KVLayoutError("device", "cpu (move it with .cpu(), or use a device-resident tier)", str(dev))
+        raise KVLayoutError(
+            "device", "cpu (put and get(out=) take CUDA tensors; paged caches and the rest: .cpu())", str(dev)
+        )
     name = str(t.dtype).removeprefix("torch.")
     if name != kv_dtype:
         raise KVLayoutError("dtype", kv_dtype, name)
