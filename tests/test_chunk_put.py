@@ -36,6 +36,23 @@ async def test_a_growing_prefix_stores_one_new_block_at_a_time(tmp_path: Path) -
         assert (r.new_blocks, r.existing_blocks) == (0, N // BT)
 
 
+@pytest.mark.parametrize("policy", ["lru", "predictive"])
+async def test_chunk_puts_count_each_block_once_and_keep_parents_first(tmp_path: Path, policy: str) -> None:
+    """A growing prefix stored a block at a time is one access of each block (the earlier blocks
+    are this request's own, not a reuse), and each parent stays more recent than its children."""
+    full = kv_for(N, seed=5)
+    async with await TierKV.open(config(tmp_path, scheduler={"policy": policy})) as kv:
+        for b in range(1, N // BT + 1):
+            await kv.put(toks(b * BT), full[:, :, (b - 1) * BT : b * BT], start=(b - 1) * BT)
+        by_pos = sorted(kv._s.index.entries.values(), key=lambda e: e.pos)
+        assert [e.count for e in by_pos] == [1] * (N // BT)
+        assert all(p.t_last > c.t_last for p, c in zip(by_pos, by_pos[1:], strict=False))
+        if policy != "lru":
+            assert all(p.rank >= c.rank for p, c in zip(by_pos, by_pos[1:], strict=False))
+        await kv.get(toks())  # a second request reuses every block
+        assert [e.count for e in by_pos] == [2] * (N // BT)
+
+
 async def test_missing_parents_are_not_stored_and_lookup_stops_at_the_gap(tmp_path: Path) -> None:
     full = kv_for(N, seed=4)
     async with await TierKV.open(config(tmp_path)) as kv:

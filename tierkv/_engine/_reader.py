@@ -182,11 +182,16 @@ class Reader:
                     if dst is not None:
                         self.s.service.submit(Promote(e.key, dst))
 
-    def record_access(self, entries: list[Entry], prompt_blocks: int, leading_seen: int) -> None:
+    def record_access(
+        self, entries: list[Entry], prompt_blocks: int, leading_seen: int, *, counted_from: int = 0
+    ) -> None:
         """Feed the predictor with one request's blocks and re-rank them (synchronous).
 
         Blocks are touched leaf first with increasing timestamps so that a
-        parent always ranks at least as high as its descendants."""
+        parent always ranks at least as high as its descendants. The first
+        ``counted_from`` entries were already counted for this request (a chunk
+        put's earlier blocks, read or stored by the same request): their recency
+        and rank are refreshed, no reuse is counted nor predicted for them."""
         sched = self.s.sched
         now = sched.now()
         pred = sched.predictor
@@ -197,6 +202,15 @@ class Reader:
         floor = -(1 << 62)  # parents never rank below their descendants (a child is useless alone)
         for i in range(n - 1, -1, -1):
             e = entries[i]
+            if i < counted_from:
+                e.t_last = now + (n - i) * 1e-6
+                if ranked:
+                    mover.rerank(e)
+                    if e.rank < floor:
+                        e.rank = floor
+                    floor = e.rank
+                self.s.index.touch(e)
+                continue
             if e.count and tel.enabled:  # resolve the previous prediction: reused within the horizon?
                 reused = now - e.t_last <= pred.horizon
                 tel.calibration.add(1, {"bin": pbin(e.p_pred), "outcome": "reused" if reused else "not_reused"})

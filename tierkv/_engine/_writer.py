@@ -152,7 +152,9 @@ class Writer:
                             tiers_used.append(self.s.tiers[tail_e.tier].name)
                     else:
                         existing += 1
-            self.s.reader.record_access(entries, len(keys), existing)
+            # a chunk put (``start``): the blocks before it were read or stored by this request already
+            counted = sum(1 for e in present[:first] if e is not None)
+            self.s.reader.record_access(entries, len(keys), existing, counted_from=counted)
             if block_type == "tool_context" and self.s.sched.tool is not None:
                 self.s.tool_blocks[self.s.sched.tool] = [k.hex() for k in keys]
                 self.s.sched.chain.observe_size(self.s.sched.tool, sum(e.nbytes for e in entries))
