@@ -26,7 +26,12 @@ follow-up then hits both tiers. Before the first process ends it calls ``checkpo
 which copies the blocks still only in DRAM to PFS, so the fresh process finds the whole prefix.
 
 ``--json FILE`` writes ``ttft_recompute_s``, ``ttft_cached_s``, ``identical``, ``tiers_hit``,
-``prefix_tokens`` and more (see :func:`run_demo`), plus a ``warm_start`` object.
+``prefix_tokens`` and more (see :func:`run_demo`), plus a ``warm_start`` object and ``engine``.
+
+``--engine vllm`` tells the same story through a real in-process vLLM engine with tierkv's connector
+(:mod:`tierkv.demo.vllm_engine`; the story and the summary are :mod:`tierkv.demo.story`'s, shared by both).
+It needs the engines environment (``bash scripts/_engines_venv.sh``, then that venv's python); in a Python
+without vLLM it prints one line saying so and exits with status 2.
 
 Exit status: 0 when every generated sequence is identical to the recompute, 1 when not,
 2 on a usage error or when the model packages are missing.
