@@ -412,7 +412,7 @@ def _main_vllm(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if not vllm_engine.vllm_available():
         print(vllm_engine.VLLM_MISSING, file=sys.stderr)
         return 2
-    problem = vllm_engine.check_args(args.block_tokens)
+    problem = vllm_engine.check_args(args.block_tokens, args.prompt_tokens, args.new_tokens)
     if problem:
         p.error(problem)
     own = args.workdir is None and not args.warm_start_only

@@ -462,8 +462,11 @@ def run_warm_start_vllm(workdir: Path) -> dict[str, Any]:
     return result
 
 
-def check_args(block_tokens: int) -> str | None:
-    """A usage error of the vLLM demo's options, or ``None``."""
+def check_args(block_tokens: int, prompt_tokens: int, new_tokens: int) -> str | None:
+    """A usage error of the vLLM demo's options, or ``None``: ``block_tokens`` a multiple of vLLM's block size,
+    the prompt, two answers and the second question (64 tokens allowed for it) within ``MAX_MODEL_LEN``."""
     if block_tokens % BLOCK_SIZE:
         return f"--block-tokens must be a multiple of vLLM's block_size ({BLOCK_SIZE}) with --engine vllm"
+    if prompt_tokens + 2 * new_tokens + 64 > MAX_MODEL_LEN:
+        return f"--prompt-tokens + 2 x --new-tokens + 64 must be at most {MAX_MODEL_LEN} (the engines' context)"
     return None

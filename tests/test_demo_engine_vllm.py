@@ -28,3 +28,11 @@ def test_vllm_only_options_are_a_usage_error_with_the_default_engine() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2
     assert "--model and --dtype apply to --engine vllm only" in proc.stderr
+
+
+def test_engine_vllm_option_checks_need_no_engine() -> None:
+    from tierkv.demo.vllm_engine import MAX_MODEL_LEN, check_args
+
+    assert check_args(128, 2000, 32) is None
+    assert "multiple of vLLM's block_size" in (check_args(100, 2000, 32) or "")
+    assert "engines' context" in (check_args(128, MAX_MODEL_LEN, 32) or "")
