@@ -51,15 +51,12 @@ def engine_dtype() -> str:
     """The dtype vLLM engines on this machine should compute in: ``$TIERKV_VLLM_DTYPE``, else ``bfloat16`` where
     the CPU computes bf16 natively (``avx512_bf16`` or ``amx_bf16`` in /proc/cpuinfo), else ``float32`` (bf16
     matmuls without those run ~30x slower than fp32 on an AVX2 CPU). The converted weights are bf16 either way.
+    The rule is :func:`tierkv.demo.vllm_engine.engine_dtype` (one owner: the demo, the tests, the benchmark).
     """
-    chosen = os.environ.get("TIERKV_VLLM_DTYPE")
-    if chosen:
-        return chosen
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "float32"
-    return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tierkv.demo.vllm_engine import engine_dtype as rule
+
+    return rule()
 
 
 def engines_home() -> Path:

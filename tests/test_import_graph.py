@@ -44,7 +44,7 @@ PACKAGE = ROOT / "tierkv"
 OUTSIDE_CORE = ("tierkv.lab", "tierkv.demo", "tierkv.integrations")
 FORBIDDEN = (*OUTSIDE_CORE, "tierkv_backends", "tierkv_conformance")
 ENTRY_POINTS = frozenset({"tierkv._cli", "tierkv.__main__"})
-HEAVY = ("torch", "transformers", "matplotlib")
+HEAVY = ("torch", "transformers", "matplotlib", "vllm")
 ACYCLIC = ("tierkv.codecs", "tierkv.scheduler")
 
 
@@ -292,5 +292,7 @@ def test_importing_tierkv_imports_no_heavy_library_and_nothing_above_the_core() 
 
 
 def test_lab_demo_and_integrations_import_their_heavy_libraries_lazily() -> None:
-    got = _probe("tierkv.lab.replay, tierkv.lab.codec_eval, tierkv.demo.run, tierkv.integrations.transformers")
+    got = _probe(
+        "tierkv.lab.replay, tierkv.lab.codec_eval, tierkv.demo.run, tierkv.demo.vllm_engine, tierkv.integrations.transformers"
+    )
     assert got["heavy"] == []

@@ -71,7 +71,7 @@ def _backends_main(argv: list[str]) -> int:
 #: subcommand -> (entry point, one-line help)
 _SUBCOMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
     "backends": (_backends_main, "list installed backends and whether they can run here"),
-    "demo": (_demo_main, "the main job: real SmolLM2 KV stored in DRAM+PFS, TTFT with and without tierkv"),
+    "demo": (_demo_main, "the main job: real SmolLM2 KV in DRAM+PFS, TTFT with and without tierkv (--engine vllm)"),
     "certify": (_certify_main, "run the conformance suite on a backend and write a certificate"),
     "replay": (_replay_main, "replay a Mooncake-format trace against cache policies"),
     "codec-eval": (_codec_eval_main, "measure codec levels on real SmolLM2 KV"),

