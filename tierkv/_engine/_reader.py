@@ -203,7 +203,7 @@ class Reader:
             )
             e.p_pred = sched.p_reuse(e.cell)
             pred.observe(now, e.bid, e.cell)
-            sched.observe_ranked(e.bid, e.cell, now)
+            sched.observe_ranked(e.bid, e.cell, now, e.children)
             if ranked:
                 mover.rerank(e)
                 if e.rank < floor:

@@ -25,7 +25,7 @@ mini-caches are quantised FIFO buckets under a min-heap like the replay policy's
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 from ..errors import ConfigError
@@ -47,8 +47,11 @@ class TauAdapter:
 
     __slots__ = (
         "_buf_b",
+        "_buf_n",
+        "_buf_r",
         "_buf_t",
         "_buf_v",
+        "_bypass",
         "_caches",
         "_cap",
         "_decay",
@@ -56,10 +59,14 @@ class TauAdapter:
         "_hits",
         "_margin",
         "_next",
+        "_rec",
+        "_rec_hits",
         "_requests",
         "_sample",
         "_since_compact",
         "_thr",
+        "recency",
+        "recency_mode",
         "tau",
         "taus",
         "trace",
@@ -75,6 +82,8 @@ class TauAdapter:
         margin: float = 0.02,
         every: int = 32,
         decay: float = 0.98,
+        recency: bool = False,
+        bypass: bool = True,
     ) -> None:
         if not taus or not all(
             isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0 for t in taus
@@ -103,6 +112,14 @@ class TauAdapter:
         self._buf_b: list[int] = []
         self._buf_v: list[float] = []
         self._buf_t: list[float] = []
+        self._buf_n: list[float] = []  # (staged) the value a new block is placed with
+        self._buf_r: list[int] = []  # (staged) the end of each request's accesses in the buffers
+        self._bypass = bool(bypass)
+        # the recency shadow (``recency=True``): an LRU of the same sampled accesses
+        self.recency = bool(recency)
+        self.recency_mode = self.recency  # starts on recency: the predictor must earn the cache
+        self._rec: OrderedDict[int, None] = OrderedDict()
+        self._rec_hits = 0.0
         self._since_compact = 0
         self._requests = 0
         self._next = every
@@ -127,6 +144,8 @@ class TauAdapter:
             buckets.clear()
             bheap.clear()
         self._hits = [0.0] * len(self.taus)
+        self._rec.clear()
+        self._rec_hits = 0.0
         self._buf_b.clear()
         self._buf_v.clear()
         self._buf_t.clear()
@@ -135,17 +154,25 @@ class TauAdapter:
         """Whether accesses of ``block`` (an integer id) feed the shadow caches."""
         return ((block * _HASH_MUL) & 0xFFFFFFFF) < self._thr
 
-    def add(self, block: int, value: float, t: float) -> None:
+    def add(self, block: int, value: float, t: float, new_value: float | None = None) -> None:
         """Buffer one access of a sampled block: its ranking ``value`` (without the time term) at time
-        ``t``. Within a request, add blocks in the order the real cache admits them (leaf first)."""
+        ``t``. Within a request, add blocks in the order the real cache admits them (leaf first).
+
+        ``new_value`` (the adaptive policy's shadows, ``recency=True``): the value the real cache places
+        a *new* block with before it ranks the request. The shadows then serve a request as the library
+        does: its missing blocks are placed root first with ``new_value`` (evicting the lowest each, no
+        bypass), then every block of the request still held is re-keyed with ``value``, leaf first."""
         self._buf_b.append(block)
         self._buf_v.append(value + _OFFSET)
         self._buf_t.append(t)
+        self._buf_n.append((value if new_value is None else new_value) + _OFFSET)
 
     def request(self, now: float) -> float | None:
         """One request was served (its sampled blocks added). Every ``every`` requests: serve the
         buffered accesses in the shadow caches and choose; return the new ``tau`` when it changed."""
         self._requests += 1
+        if self.recency:
+            self._buf_r.append(len(self._buf_b))
         if self._requests < self._next:
             return None
         self._next = self._requests + self._every
@@ -157,6 +184,11 @@ class TauAdapter:
         """Each candidate's decayed count of sampled hits (served accesses only)."""
         return tuple(self._hits)
 
+    @property
+    def recency_hits(self) -> float:
+        """The recency shadow's decayed count of sampled hits (0 without ``recency``)."""
+        return self._rec_hits
+
     # --------------------------------------------------------------- internals
     def _serve(self) -> None:
         sb, sv, st = self._buf_b, self._buf_v, self._buf_t
@@ -167,6 +199,14 @@ class TauAdapter:
         if compact:
             self._since_compact = 0
         for i, (sc, buckets, bheap, inv) in enumerate(self._caches):
+            if self.recency:
+                hits[i] += self._serve_staged(sc, buckets, bheap, inv)
+                if compact:
+                    nb, nh = bucketize(sc)
+                    buckets.clear()
+                    buckets.update(nb)
+                    bheap[:] = nh
+                continue
             h = 0
             for x in range(n):
                 b = sb[x]
@@ -177,7 +217,7 @@ class TauAdapter:
                         continue
                 elif len(sc) >= cap:
                     qv, dq = lowest(sc, buckets, bheap)  # the victim heads dq
-                    if q <= qv:
+                    if q <= qv and self._bypass:
                         continue  # bypass, as the real cache
                     del sc[dq.popleft()]
                 sc[b] = q
@@ -188,9 +228,54 @@ class TauAdapter:
                 buckets.clear()
                 buckets.update(nb)
                 bheap[:] = nh
+        if self.recency:
+            rec, h = self._rec, 0
+            for b in sb:
+                if b in rec:
+                    h += 1
+                    rec.move_to_end(b)
+                else:
+                    rec[b] = None
+                    if len(rec) > cap:
+                        rec.popitem(last=False)
+            self._rec_hits += h
         sb.clear()
         sv.clear()
         st.clear()
+        self._buf_n.clear()
+        self._buf_r.clear()
+
+    def _serve_staged(self, sc: dict[int, int], buckets: dict[int, deque[int]], bheap: list[int], inv: float) -> int:
+        """Serve the buffered requests in one predictive shadow as the library does (see :meth:`add`)."""
+        sb, sv, st, sn = self._buf_b, self._buf_v, self._buf_t, self._buf_n
+        cap, h, lo = self._cap, 0, 0
+        for hi in self._buf_r:
+            present = [sb[x] in sc for x in range(lo, hi)]
+            for x in range(hi - 1, lo - 1, -1):  # new blocks placed root first
+                if present[x - lo]:
+                    continue
+                b = sb[x]
+                if b in sc:
+                    continue
+                if len(sc) >= cap:
+                    _qv, dq = lowest(sc, buckets, bheap)
+                    del sc[dq.popleft()]
+                q = int((sn[x] + st[x] * inv) * _QUANTA)
+                sc[b] = q
+                push(buckets, bheap, b, q)
+            for x in range(lo, hi):  # then the request is ranked, leaf first
+                b = sb[x]
+                if present[x - lo]:
+                    h += 1
+                old = sc.get(b)
+                if old is None:
+                    continue  # placed and pushed out again by its own request
+                q = int((sv[x] + st[x] * inv) * _QUANTA)
+                if old != q:
+                    sc[b] = q
+                    push(buckets, bheap, b, q)
+            lo = hi
+        return h
 
     def _choose(self, now: float) -> float | None:
         hits, taus = self._hits, self.taus
@@ -203,7 +288,19 @@ class TauAdapter:
                 self.tau = t
                 self.trace.append((now, t))
                 new = t
+        if self.recency:
+            cur_hits = hits[taus.index(self.tau)] if self.tau in taus else max(hits)
+            if self.recency_mode:
+                if cur_hits > self._rec_hits * (1.0 + self._margin):
+                    self.recency_mode = False
+                    self.trace.append((now, self.tau))
+                    new = self.tau
+            elif self._rec_hits > cur_hits:  # back to recency at once (no margin: recency is the safe side)
+                self.recency_mode = True
+                self.trace.append((now, math.inf))
+                new = math.inf
         d = self._decay
         for i in range(len(hits)):
             hits[i] *= d
+        self._rec_hits *= d
         return new
