@@ -47,51 +47,67 @@ def _noise_world(n_req: int, seed: int = 2) -> list[tuple[float, list[tuple[int,
     return [(float(i), [(rnd.randrange(200), rnd.gauss(0.0, 1.0)) for _ in range(3)]) for i in range(n_req)]
 
 
-def test_adapter_starts_on_recency_and_switches_when_the_predictor_wins() -> None:
+def test_adapter_keeps_the_predictor_while_it_wins() -> None:
     ad = TauAdapter((30.0, 300.0), 300.0, 24, every=8, recency=True, bypass=False)
-    assert ad.recency_mode  # the predictor must earn the cache
     modes = _drive(ad, _scan_world(2000))
     assert not modes[-1]
-    assert sum(not m for m in modes) > 0.8 * len(modes)  # most of the run on the predictor
+    assert sum(not m for m in modes) > 0.9 * len(modes)  # (nearly) the whole run on the predictor
     assert min(ad.hits) > 2 * ad.recency_hits  # it did win: the LRU shadow is flushed by the scans
-    assert ad.trace and ad.trace[0][1] in (30.0, 300.0)
+
+
+def _flipped(n: int, t0: float) -> list[tuple[float, list[tuple[int, float]]]]:
+    """The scan world with lying values: the one-shot blocks "valuable", the returning ones "cheap"."""
+    return [(t + t0, [(b, -v) for b, v in blocks]) for t, blocks in _scan_world(n, seed=3)]
 
 
 def test_adapter_goes_back_to_recency_when_the_predictor_stops_winning() -> None:
     ad = TauAdapter((300.0,), 300.0, 24, every=8, recency=True, bypass=False)
     _drive(ad, _scan_world(1000))
     assert not ad.recency_mode
-    # now the values lie: the one-shot blocks are "valuable", the returning ones "cheap"
-    flipped = [(t + 1000.0, [(b, -v) for b, v in blocks]) for t, blocks in _scan_world(1500, seed=3)]
-    modes = _drive(ad, flipped)
-    assert modes[-1] and ad.trace[-1][1] == math.inf
+    modes = _drive(ad, _flipped(4000, 1000.0))
+    assert any(t == math.inf for _, t in ad.trace)
+    late = modes[1000:]
+    # failed trials of the predictor wait longer and longer: most of the run is on recency
+    assert sum(late) > 0.8 * len(late), sum(late) / len(late)
+    assert ad.recency_hits > 2 * ad.hits[0]
 
 
-def test_adapter_without_signal_stays_near_recency() -> None:
+def test_adapter_trials_cost_a_shrinking_fraction() -> None:
+    ad = TauAdapter((300.0,), 300.0, 24, every=8, recency=True, bypass=False)
+    modes = _drive(ad, _flipped(8000, 0.0))
+    trials = sum(1 for _, t in ad.trace if t != math.inf)
+    assert 1 <= trials <= 8  # a doubling wait: log2 of the run's decisions, not one per wait
+    first, second = modes[:4000], modes[4000:]
+    assert sum(not m for m in second) <= sum(not m for m in first)
+
+
+def test_adapter_without_signal_scores_alike() -> None:
     ad = TauAdapter((30.0, 300.0), 300.0, 60, every=8, recency=True, bypass=False)
-    modes = _drive(ad, _noise_world(4000))
+    _drive(ad, _noise_world(4000))
     rec = ad.recency_hits
     assert rec > 0
-    # the shadows score alike (no ranking beats another by much on independent reuse)
+    # no ranking beats another by much on independent reuse: either mode serves like recency
     assert all(abs(h - rec) <= 0.1 * rec for h in ad.hits)
-    assert sum(modes) >= 0.5 * len(modes)
 
 
-def test_scheduler_state_adaptive_evicts_by_recency_until_the_predictor_wins() -> None:
+def test_scheduler_state_adaptive_follows_the_adapter() -> None:
     s = SchedulerState({"policy": "adaptive", "tau_candidates_s": []}, ["dram", "nvme"], ["dram", "nvme"])
-    assert s.recency
     s.set_capacity_blocks(24)
     ad = s.tau_adapter
     assert ad is not None and ad.recency and ad.taus == (300.0,)
     ad._every = 8
-    assert s.promotion_target(0, 16, 4096, 1, [True, True], hits=2) == 0  # recency: promote on 2 hits
-    switched = None
-    for t, blocks in _scan_world(600):
+    seen: set[float] = set()
+    for t, blocks in [*_scan_world(600), *_flipped(600, 600.0)]:
         for b, v in reversed(blocks):
             if ad.sampled(b):
                 ad.add(b, v, t, v)
-        switched = s.end_request(t) or switched
-    assert switched == 300.0 and not s.recency
+        got = s.end_request(t)
+        if got is not None:
+            seen.add(got)
+        assert s.recency == ad.recency_mode
+    assert math.inf in seen  # it went to recency once the values lied
+    if s.recency:
+        assert s.promotion_target(0, 16, 4096, 1, [True, True], hits=2) == 0  # recency: promote on 2 hits
     # the ranked queue's key is the predictive one in both modes (so that a switch costs nothing)
     assert s.priority(0, 50.0) == pytest.approx(s.predictor.log_table[0] + 50.0 / 300.0)
 
@@ -123,8 +139,8 @@ def test_library_adaptive_converges_to_recency_without_signal(tmp_path: object, 
 
 
 def test_library_adaptive_parent_before_child() -> None:
-    """A parent never ranks below its descendants in a request (the ranked queue, either mode), and in
-    recency mode a parent is never evicted while a child of it stays."""
+    """A parent never ranks below its descendants in a request (the ranked queue, kept in either mode;
+    in recency mode the request is touched leaf first, so a parent is the more recent)."""
     rnd = random.Random(9)
     pol = LibraryPolicy(30, policy="adaptive", name="adaptive")
     try:
@@ -140,10 +156,5 @@ def test_library_adaptive_parent_before_child() -> None:
             entries = [kv._index.get(k.hex()) for k in keys]
             ranks = [e.rank for e in entries if e is not None]
             assert ranks == sorted(ranks, reverse=True), ranks
-            ad = kv._sched.tau_adapter
-            if ad is not None and not ad.trace:  # on recency since the start: no orphaned child anywhere
-                index = kv._index
-                for e in index.values():
-                    assert e.pos == 0 or e.parent.hex() in index
     finally:
         pol.close()

@@ -50,14 +50,17 @@ from eviction at the bottom tier while anything else can go.
 
 Adaptive policy (``policy = "adaptive"``): the :class:`~tierkv.scheduler.TauAdapter`
 keeps, besides one sampled shadow cache per ``tau`` candidate ranked like the real
-cache (no bypass), a sampled LRU shadow of the same accesses. It starts on recency;
-the predictor takes the cache when its shadow (at the current ``tau``) leads the LRU
-shadow by the adapter's margin (2%, decayed counts), and recency takes it back as soon
-as the LRU shadow leads at all (:attr:`SchedulerState.recency`). In recency mode the
-tiers evict in their recency order and promote as the ``lru`` policy does (exactly the
-``lru`` policy's decisions); the predictive ranking is kept up to date all along, so a
+cache (new blocks placed with the key of a fresh entry, then the request re-keyed leaf
+first; no bypass), a sampled LRU shadow of the same accesses. Recency takes the cache
+when the LRU shadow leads the predictive one (at the current ``tau``); the predictor
+gets it back when its shadow leads by the margin, or for a trial after a wait that
+doubles with every failed trial (the predictor's features are read from the real
+cache, so its shadow is only faithful while the cache follows it:
+:meth:`~tierkv.scheduler.TauAdapter._choose_mode`). In recency mode
+(:attr:`SchedulerState.recency`) the tiers evict in their recency order and promote as
+the ``lru`` policy does; the predictive ranking is kept up to date all along, so a
 switch costs nothing. On a workload whose features carry no reuse signal the shadows
-score alike and the policy stays on (or comes back to) recency.
+score alike and the cache follows recency or an equivalent ranking.
 
 Response length (``TierKV.hint(response_tokens=N)``, :meth:`SchedulerState.respond`):
 when the engine reports the length of the answer to the most recent request, that
@@ -177,7 +180,7 @@ class SchedulerState:
         self._clock = clock
         self.policy = opt_choice(options, "policy", ("predictive", "lru", "adaptive"), "lru", prefix="scheduler")
         #: evictions follow recency now: always under ``lru``, while the shadows say so under ``adaptive``
-        self.recency = self.policy != "predictive"
+        self.recency = self.policy == "lru"
         rate = options.get("prefill_tokens_per_s")
         self.prefill_tokens_per_s: float | None = (
             None if rate is None else opt_float(options, "prefill_tokens_per_s", prefix="scheduler", minimum=1e-9)

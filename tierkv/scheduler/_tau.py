@@ -46,6 +46,8 @@ class TauAdapter:
     """
 
     __slots__ = (
+        "_age",
+        "_backoff",
         "_buf_b",
         "_buf_n",
         "_buf_r",
@@ -65,12 +67,18 @@ class TauAdapter:
         "_sample",
         "_since_compact",
         "_thr",
+        "_wait",
         "recency",
         "recency_mode",
         "tau",
         "taus",
         "trace",
     )
+
+    _GRACE = 8  # decisions after a switch to the predictor before recency may take the cache back
+    _TRIAL = 32  # decisions on the predictor after which a trial has succeeded
+    _BACKOFF0 = 8  # decisions on recency before the first trial (doubled by each failed trial)
+    _BACKOFF_MAX = 1024
 
     def __init__(
         self,
@@ -117,7 +125,10 @@ class TauAdapter:
         self._bypass = bool(bypass)
         # the recency shadow (``recency=True``): an LRU of the same sampled accesses
         self.recency = bool(recency)
-        self.recency_mode = self.recency  # starts on recency: the predictor must earn the cache
+        self.recency_mode = False  # (with ``recency``) starts on the predictor, in its grace period
+        self._age = 0  # decisions since the last switch to the predictor
+        self._backoff = self._BACKOFF0  # decisions on recency before the next trial of the predictor
+        self._wait = 0
         self._rec: OrderedDict[int, None] = OrderedDict()
         self._rec_hits = 0.0
         self._since_compact = 0
@@ -245,6 +256,50 @@ class TauAdapter:
         self._buf_n.clear()
         self._buf_r.clear()
 
+    def _choose_mode(self, now: float, cur: int) -> float | None:
+        """Recency or the predictor (``recency=True``); returns ``math.inf`` for a switch to recency, the
+        current ``tau`` for one to the predictor, None when the mode stays.
+
+        The LRU shadow is faithful in either mode (recency uses no feature); the predictive shadows
+        only while the real cache follows the predictor: the predictor's features (access count,
+        fanout, the resident leading run) are read from the real cache, and a cache run by recency
+        gives them other values. Hence:
+
+        * on the predictor, recency takes the cache back as soon as its shadow leads at all, once the
+          ``_GRACE`` decisions after a switch to the predictor have passed (the features settle);
+        * on recency, the predictor gets the cache back when its (pessimistic) shadow leads by the
+          margin anyway, or for a *trial* once ``_wait`` decisions have passed: both counts restart
+          equal, and a trial that fails doubles the wait (up to ``_BACKOFF_MAX``), one that lasts
+          ``_TRIAL`` decisions resets it. The cost of the trials on a workload where recency is right
+          is bounded: their decisions are a fraction ``_GRACE / wait`` of the run, which halves after
+          every failed trial.
+        """
+        hits = self._hits
+        cur_hits = hits[cur] if cur >= 0 else max(hits)
+        rec = self._rec_hits
+        if self.recency_mode:
+            self._wait -= 1
+            if cur_hits <= rec * (1.0 + self._margin) and self._wait > 0:
+                return None
+            if cur_hits <= rec * (1.0 + self._margin):  # a trial: the evidence restarts level
+                for i in range(len(hits)):
+                    hits[i] = rec
+            self.recency_mode = False
+            self._age = 0
+            self.trace.append((now, self.tau))
+            return self.tau
+        self._age += 1
+        if self._age == self._TRIAL:
+            self._backoff = self._BACKOFF0  # the predictor held: a later failure waits little
+        if self._age <= self._GRACE or rec <= cur_hits:
+            return None
+        self.recency_mode = True  # no margin: recency is the safe side
+        if self._age < self._TRIAL:
+            self._backoff = min(self._BACKOFF_MAX, 2 * self._backoff)
+        self._wait = self._backoff
+        self.trace.append((now, math.inf))
+        return math.inf
+
     def _serve_staged(self, sc: dict[int, int], buckets: dict[int, deque[int]], bheap: list[int], inv: float) -> int:
         """Serve the buffered requests in one predictive shadow as the library does (see :meth:`add`)."""
         sb, sv, st, sn = self._buf_b, self._buf_v, self._buf_t, self._buf_n
@@ -289,16 +344,7 @@ class TauAdapter:
                 self.trace.append((now, t))
                 new = t
         if self.recency:
-            cur_hits = hits[taus.index(self.tau)] if self.tau in taus else max(hits)
-            if self.recency_mode:
-                if cur_hits > self._rec_hits * (1.0 + self._margin):
-                    self.recency_mode = False
-                    self.trace.append((now, self.tau))
-                    new = self.tau
-            elif self._rec_hits > cur_hits:  # back to recency at once (no margin: recency is the safe side)
-                self.recency_mode = True
-                self.trace.append((now, math.inf))
-                new = math.inf
+            new = self._choose_mode(now, taus.index(self.tau) if self.tau in taus else -1) or new
         d = self._decay
         for i in range(len(hits)):
             hits[i] *= d
