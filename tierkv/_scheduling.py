@@ -111,7 +111,15 @@ from .scheduler import (
 from .scheduler._predictor import BLOCK_TYPES as _BT
 from .scheduler._response import ResponseModel, response_class
 
-__all__ = ["DEFAULT_TIER_PERFORMANCE", "SchedulerState", "TierPerf"]
+__all__ = ["DEFAULT_TIER_PERFORMANCE", "SchedulerState", "TierPerf", "shadow_id"]
+
+
+def shadow_id(key: str) -> int:
+    """The id of a block in the shadow caches: its key's first 64 bits (stable across evictions and
+    re-puts, unlike the index's per-adoption ``bid``: a shadow must recognise a block the real cache
+    dropped and stored again, or its hits depend on what the real cache did)."""
+    return int(key[:16], 16)
+
 
 _LN4 = math.log(4.0)  # the key boost of a protected shared prefix (as the mover's)
 
@@ -327,18 +335,18 @@ class SchedulerState:
         else:
             self.tau_adapter.resize(blocks)
 
-    def observe_ranked(self, block: int, cell: int, now: float, fanout: int = 0) -> None:
+    def observe_ranked(self, block: int, cell: int, now: float, fanout: int = 0, hit: bool = False) -> None:
         """One block access, in the order the cache admits a request's blocks (leaf first): feeds
         the adaptive ``tau``'s shadow caches when ``block`` is sampled, with the block's ranking value
         (the predictor's log probability, plus ln 4 for a protected shared prefix of ``fanout``
-        children, as the real cache's key)."""
+        children, as the real cache's key); ``hit``: the cache held the block when the request came."""
         ad = self.tau_adapter
         if ad is not None and ad.sampled(block):
             v = self.predictor.log_table[cell]
             if self.protected(fanout):
                 v += _LN4
             # (a new entry is placed with cell 0 before its put ranks it: _durable.store_block)
-            ad.add(block, v, now, self.predictor.log_table[0] if ad.recency else None)
+            ad.add(block, v, now, self.predictor.log_table[0] if ad.recency else None, hit)
 
     def end_request(self, now: float) -> float | None:
         """A request's blocks were all observed: the adaptive ``tau`` may switch (then it is

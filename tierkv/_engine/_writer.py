@@ -21,6 +21,7 @@ import anyio
 import anyio.lowlevel
 import numpy as np
 
+from .._scheduling import shadow_id
 from ..backend import SupportsArrayIO
 from ..errors import InputError, TierUnavailableError
 from ._durable import BlockData, flat, nbytes_of
@@ -120,6 +121,13 @@ class Writer:
             # with ``start``: the stored prefix ends at the first block before it that is missing
             lead = next((i for i in range(first) if present[i] is None), len(keys))
             entries = [e for e in present if e is not None]
+            sched = self.s.sched
+            if sched.tau_adapter is not None and len(entries) < len(keys):
+                # blocks pushed out again by their own put: the shadow caches still see the access
+                now = sched.now()
+                for i in range(len(keys) - 1, -1, -1):
+                    if present[i] is None:
+                        sched.observe_ranked(shadow_id(keys[i].hex()), 0, now)
             self.s.reader.record_access(entries, len(keys), existing)
             if block_type == "tool_context" and self.s.sched.tool is not None:
                 self.s.tool_blocks[self.s.sched.tool] = [k.hex() for k in keys]

@@ -59,6 +59,8 @@ class TauAdapter:
         "_decay",
         "_every",
         "_hits",
+        "_live_buf",
+        "_live_hits",
         "_margin",
         "_next",
         "_rec",
@@ -129,6 +131,8 @@ class TauAdapter:
         self._age = 0  # decisions since the last switch to the predictor
         self._backoff = self._BACKOFF0  # decisions on recency before the next trial of the predictor
         self._wait = 0
+        self._live_buf = 0  # sampled hits of the real cache since the last decision
+        self._live_hits = 0.0  # and their decayed count
         self._rec: OrderedDict[int, None] = OrderedDict()
         self._rec_hits = 0.0
         self._since_compact = 0
@@ -165,18 +169,22 @@ class TauAdapter:
         """Whether accesses of ``block`` (an integer id) feed the shadow caches."""
         return ((block * _HASH_MUL) & 0xFFFFFFFF) < self._thr
 
-    def add(self, block: int, value: float, t: float, new_value: float | None = None) -> None:
+    def add(self, block: int, value: float, t: float, new_value: float | None = None, hit: bool = False) -> None:
         """Buffer one access of a sampled block: its ranking ``value`` (without the time term) at time
         ``t``. Within a request, add blocks in the order the real cache admits them (leaf first).
 
         ``new_value`` (the adaptive policy's shadows, ``recency=True``): the value the real cache places
         a *new* block with before it ranks the request. The shadows then serve a request as the library
         does: its missing blocks are placed root first with ``new_value`` (evicting the lowest each, no
-        bypass), then every block of the request still held is re-keyed with ``value``, leaf first."""
+        bypass), then every block of the request still held is re-keyed with ``value``, leaf first.
+        ``hit``: the real cache held the block when the request came (the adaptive policy compares the
+        real cache's sampled hits with the LRU shadow's while it follows the predictor)."""
         self._buf_b.append(block)
         self._buf_v.append(value + _OFFSET)
         self._buf_t.append(t)
         self._buf_n.append((value if new_value is None else new_value) + _OFFSET)
+        if hit:
+            self._live_buf += 1
 
     def request(self, now: float) -> float | None:
         """One request was served (its sampled blocks added). Every ``every`` requests: serve the
@@ -250,6 +258,8 @@ class TauAdapter:
                     if len(rec) > cap:
                         rec.popitem(last=False)
             self._rec_hits += h
+            self._live_hits += self._live_buf
+        self._live_buf = 0
         sb.clear()
         sv.clear()
         st.clear()
@@ -265,8 +275,10 @@ class TauAdapter:
         fanout, the resident leading run) are read from the real cache, and a cache run by recency
         gives them other values. Hence:
 
-        * on the predictor, recency takes the cache back as soon as its shadow leads at all, once the
-          ``_GRACE`` decisions after a switch to the predictor have passed (the features settle);
+        * on the predictor, recency takes the cache back as soon as its shadow leads *the real cache*
+          (its sampled hits, :meth:`add`'s ``hit``: what the predictor really achieves, whatever its
+          shadow says) at all, once the ``_GRACE`` decisions after a switch to the predictor have
+          passed (the features settle);
         * on recency, the predictor gets the cache back when its (pessimistic) shadow leads by the
           margin anyway, or for a *trial* once ``_wait`` decisions have passed: both counts restart
           equal, and a trial that fails doubles the wait (up to ``_BACKOFF_MAX``), one that lasts
@@ -277,10 +289,12 @@ class TauAdapter:
         hits = self._hits
         cur_hits = hits[cur] if cur >= 0 else max(hits)
         rec = self._rec_hits
+        live = self._live_hits
         if self.recency_mode:
             self._wait -= 1
             if cur_hits <= rec * (1.0 + self._margin) and self._wait > 0:
                 return None
+            self._live_hits = rec  # from now on the real cache answers for the predictor
             if cur_hits <= rec * (1.0 + self._margin):  # a trial: the evidence restarts level
                 for i in range(len(hits)):
                     hits[i] = rec
@@ -291,7 +305,7 @@ class TauAdapter:
         self._age += 1
         if self._age == self._TRIAL:
             self._backoff = self._BACKOFF0  # the predictor held: a later failure waits little
-        if self._age <= self._GRACE or rec <= cur_hits:
+        if self._age <= self._GRACE or rec <= live:
             return None
         self.recency_mode = True  # no margin: recency is the safe side
         if self._age < self._TRIAL:
@@ -349,4 +363,5 @@ class TauAdapter:
         for i in range(len(hits)):
             hits[i] *= d
         self._rec_hits *= d
+        self._live_hits *= d
         return new
