@@ -10,18 +10,20 @@ import pytest
 
 from tierkv._scheduling import SchedulerState
 from tierkv.lab.policies.library import LibraryPolicy, tokens_of
-from tierkv.lab.replay import load_trace, replay
+from tierkv.lab.replay import load_trace, replay, truncate
 from tierkv.lab.synth import write_synthetic
 from tierkv.scheduler import TauAdapter
 
 
 def _drive(ad: TauAdapter, reqs: list[tuple[float, list[tuple[int, float]]]]) -> list[bool]:
-    """Feed requests (leaf first) to the adapter; return its mode after each request (True: recency)."""
+    """Feed requests (leaf first) to the adapter; return its mode after each request (True: recency).
+    The "real cache" is the shadow of the mode in force (as served at the last decision)."""
     modes = []
     for t, blocks in reqs:
+        real = ad._rec if ad.recency_mode else ad._caches[ad.taus.index(ad.tau)][0]
         for b, v in reversed(blocks):
             if ad.sampled(b):
-                ad.add(b, v, t, new_value=v)
+                ad.add(b, v, t, new_value=v, hit=b in real)
         ad.request(t)
         modes.append(ad.recency_mode)
     return modes
@@ -98,9 +100,10 @@ def test_scheduler_state_adaptive_follows_the_adapter() -> None:
     ad._every = 8
     seen: set[float] = set()
     for t, blocks in [*_scan_world(600), *_flipped(600, 600.0)]:
+        real = ad._rec if ad.recency_mode else ad._caches[0][0]
         for b, v in reversed(blocks):
             if ad.sampled(b):
-                ad.add(b, v, t, v)
+                ad.add(b, v, t, v, hit=b in real)
         got = s.end_request(t)
         if got is not None:
             seen.add(got)
@@ -158,3 +161,26 @@ def test_library_adaptive_parent_before_child() -> None:
             assert ranks == sorted(ranks, reverse=True), ranks
     finally:
         pol.close()
+
+
+@pytest.mark.slow
+def test_library_adaptive_keeps_the_predictors_gain(tmp_path: object) -> None:
+    """On the synthetic chat trace (seed 7, first half of its time, 10%) the library's predictor beats
+    recency; the adaptive policy keeps at least half of that gain (measured: lru 0.370, predictive 0.381,
+    adaptive 0.392)."""
+    path = f"{tmp_path}/chat.jsonl"
+    write_synthetic(path, "chat", seed=7, sessions=1500)
+    tr = truncate(load_trace(path), 0.5)
+    cap = round(0.10 * tr.distinct)
+    split = tr.times[0] + 0.4 * (tr.times[-1] - tr.times[0])
+    rates = {}
+    for policy in ("lru", "predictive", "adaptive"):
+        pol = LibraryPolicy(cap, policy=policy, name=policy)
+        try:
+            raw = replay(tr, pol, split_time=split)
+        finally:
+            pol.close()
+        rates[policy] = sum(raw["leads"]) / raw["accesses"]
+    gain = rates["predictive"] - rates["lru"]
+    assert gain > 0.005, rates  # the precondition: prediction wins on this trace
+    assert rates["adaptive"] >= rates["lru"] + 0.5 * gain, rates
