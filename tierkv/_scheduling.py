@@ -51,8 +51,9 @@ from eviction at the bottom tier while anything else can go.
 Adaptive policy (``policy = "adaptive"``): the :class:`~tierkv.scheduler.TauAdapter`
 keeps, besides one sampled shadow cache per ``tau`` candidate ranked like the real
 cache (new blocks placed with the key of a fresh entry, then the request re-keyed leaf
-first; no bypass), a sampled LRU shadow of the same accesses. Recency takes the cache
-when the LRU shadow leads the predictive one (at the current ``tau``); the predictor
+first; no bypass), a sampled LRU shadow of the same accesses (ids: :func:`shadow_id`).
+Recency takes the cache when the LRU shadow's sampled hits exceed the real cache's own
+hits on the same sampled blocks (``hit`` of :meth:`SchedulerState.observe_ranked`); the predictor
 gets it back when its shadow leads by the margin, or for a trial after a wait that
 doubles with every failed trial (the predictor's features are read from the real
 cache, so its shadow is only faithful while the cache follows it:
