@@ -3,6 +3,7 @@ API under asyncio, trio and the synchronous facade."""
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -46,9 +47,9 @@ async def test_chunk_puts_count_each_block_once_and_keep_parents_first(tmp_path:
             await kv.put(toks(b * BT), full[:, :, (b - 1) * BT : b * BT], start=(b - 1) * BT)
         by_pos = sorted(kv._s.index.entries.values(), key=lambda e: e.pos)
         assert [e.count for e in by_pos] == [1] * (N // BT)
-        assert all(p.t_last > c.t_last for p, c in zip(by_pos, by_pos[1:], strict=False))
+        assert all(p.t_last > c.t_last for p, c in pairwise(by_pos))
         if policy != "lru":
-            assert all(p.rank >= c.rank for p, c in zip(by_pos, by_pos[1:], strict=False))
+            assert all(p.rank >= c.rank for p, c in pairwise(by_pos))
         await kv.get(toks())  # a second request reuses every block
         assert [e.count for e in by_pos] == [2] * (N // BT)
 

@@ -11,11 +11,13 @@ Configuration: the ``[scheduler]`` table.
 field                      default      meaning
 =========================  ===========  ==================================================
 ``policy``                 lru          ``lru`` (recency ranks evictions; a block hit twice
-                                        in a slower tier is promoted to the fastest) or
+                                        in a slower tier is promoted to the fastest),
                                         ``predictive`` (the predictor ranks evictions and
-                                        values promotions). The default is the policy that
-                                        measures best in ``benchmarks/bench_library_replay.py``
-                                        on the conversation trace (the mean over 1/5/10%)
+                                        values promotions) or ``adaptive`` (recency or the
+                                        predictor, whichever scores more hits on sampled
+                                        shadow caches of both: see below). The default is
+                                        the policy that measures best in
+                                        ``benchmarks/bench_library_replay.py``
 ``prefill_tokens_per_s``   none         the engine's prefill rate; enables the
                                         fetch-vs-recompute gate
 ``gate_probe_interval_s``  10           a tier the gate turns down is still fetched from
@@ -45,6 +47,21 @@ touches its blocks leaf first so that a parent always ranks at least as high as
 its descendants (a prefix is useless without its ancestors); blocks with a
 prefix fanout of ``placement.protect_fanout`` children or more are protected
 from eviction at the bottom tier while anything else can go.
+
+Adaptive policy (``policy = "adaptive"``): the :class:`~tierkv.scheduler.TauAdapter`
+keeps, besides one sampled shadow cache per ``tau`` candidate ranked like the real
+cache (new blocks placed with the key of a fresh entry, then the request re-keyed leaf
+first; no bypass), a sampled LRU shadow of the same accesses (ids: :func:`shadow_id`).
+Recency takes the cache when the LRU shadow's sampled hits exceed the real cache's own
+hits on the same sampled blocks (``hit`` of :meth:`SchedulerState.observe_ranked`); the predictor
+gets it back when its shadow leads by the margin, or for a trial after a wait that
+doubles with every failed trial (the predictor's features are read from the real
+cache, so its shadow is only faithful while the cache follows it:
+:meth:`~tierkv.scheduler.TauAdapter._choose_mode`). In recency mode
+(:attr:`SchedulerState.recency`) the tiers evict in their recency order and promote as
+the ``lru`` policy does; the predictive ranking is kept up to date all along, so a
+switch costs nothing. On a workload whose features carry no reuse signal the shadows
+score alike and the cache follows recency or an equivalent ranking.
 
 Response length (``TierKV.hint(response_tokens=N)``, :meth:`SchedulerState.respond`):
 when the engine reports the length of the answer to the most recent request, that
@@ -95,7 +112,17 @@ from .scheduler import (
 from .scheduler._predictor import BLOCK_TYPES as _BT
 from .scheduler._response import ResponseModel, response_class
 
-__all__ = ["DEFAULT_TIER_PERFORMANCE", "SchedulerState", "TierPerf"]
+__all__ = ["DEFAULT_TIER_PERFORMANCE", "SchedulerState", "TierPerf", "shadow_id"]
+
+
+def shadow_id(key: str) -> int:
+    """The id of a block in the shadow caches: its key's first 64 bits (stable across evictions and
+    re-puts, unlike the index's per-adoption ``bid``: a shadow must recognise a block the real cache
+    dropped and stored again, or its hits depend on what the real cache did)."""
+    return int(key[:16], 16)
+
+
+_LN4 = math.log(4.0)  # the key boost of a protected shared prefix (as the mover's)
 
 _KNOWN = frozenset(
     {
@@ -160,7 +187,9 @@ class SchedulerState:
     ) -> None:
         reject_unknown(options, _KNOWN, prefix="scheduler")
         self._clock = clock
-        self.policy = opt_choice(options, "policy", ("predictive", "lru"), "lru", prefix="scheduler")
+        self.policy = opt_choice(options, "policy", ("predictive", "lru", "adaptive"), "lru", prefix="scheduler")
+        #: evictions follow recency now: always under ``lru``, while the shadows say so under ``adaptive``
+        self.recency = self.policy == "lru"
         rate = options.get("prefill_tokens_per_s")
         self.prefill_tokens_per_s: float | None = (
             None if rate is None else opt_float(options, "prefill_tokens_per_s", prefix="scheduler", minimum=1e-9)
@@ -296,30 +325,43 @@ class SchedulerState:
     def set_capacity_blocks(self, blocks: int) -> None:
         """The cache's capacity in blocks (all tiers): sizes the adaptive ``tau``'s shadow caches
         (made on the first call; no-op with the LRU policy or a fixed ``tau``)."""
-        if self.policy == "lru" or not self.tau_candidates:
+        adaptive = self.policy == "adaptive"
+        if self.policy == "lru" or not (self.tau_candidates or adaptive):
             return
         blocks = max(1, int(blocks))
         if self.tau_adapter is None:
-            self.tau_adapter = TauAdapter(self.tau_candidates, self.tau_s, blocks)
+            # adaptive with a fixed tau: one candidate, tau_s, against recency
+            taus = self.tau_candidates or (self.tau_s,)
+            self.tau_adapter = TauAdapter(taus, self.tau_s, blocks, recency=adaptive, bypass=not adaptive)
         else:
             self.tau_adapter.resize(blocks)
 
-    def observe_ranked(self, block: int, cell: int, now: float) -> None:
+    def observe_ranked(self, block: int, cell: int, now: float, fanout: int = 0, hit: bool = False) -> None:
         """One block access, in the order the cache admits a request's blocks (leaf first): feeds
-        the adaptive ``tau``'s shadow caches when ``block`` is sampled."""
+        the adaptive ``tau``'s shadow caches when ``block`` is sampled, with the block's ranking value
+        (the predictor's log probability, plus ln 4 for a protected shared prefix of ``fanout``
+        children, as the real cache's key); ``hit``: the cache held the block when the request came."""
         ad = self.tau_adapter
         if ad is not None and ad.sampled(block):
-            ad.add(block, self.predictor.log_table[cell], now)
+            v = self.predictor.log_table[cell]
+            if self.protected(fanout):
+                v += _LN4
+            # (a new entry is placed with cell 0 before its put ranks it: _durable.store_block)
+            ad.add(block, v, now, self.predictor.log_table[0] if ad.recency else None, hit)
 
     def end_request(self, now: float) -> float | None:
         """A request's blocks were all observed: the adaptive ``tau`` may switch (then it is
-        returned and used by every later :meth:`priority`)."""
+        returned and used by every later :meth:`priority`), and under the ``adaptive`` policy
+        the mode (:attr:`recency`; then ``math.inf`` is returned for a switch to recency, the
+        current ``tau`` for a switch to the predictor)."""
         ad = self.tau_adapter
         if ad is None:
             return None
         t = ad.request(now)
         if t is not None:
-            self.tau_s = t
+            self.tau_s = ad.tau
+            if ad.recency:
+                self.recency = ad.recency_mode
         return t
 
     _RESPONSE_MEMORY = 65_536  # completed requests whose adjustment is remembered
@@ -456,7 +498,7 @@ class SchedulerState:
         """
         if not self.promote or current == 0 or hits < 2:
             return None
-        if self.policy == "lru":  # recency: a block hit twice belongs in the fastest healthy tier
+        if self.recency:  # recency: a block hit twice belongs in the fastest healthy tier
             return next((ti for ti in range(current) if healthy[ti]), None)
         p = self.p_reuse(cell)
         rate = self.prefill_tokens_per_s or 10_000.0
@@ -476,4 +518,4 @@ class SchedulerState:
         return None
 
     def protected(self, fanout: int) -> bool:
-        return self.policy != "lru" and fanout >= self.placement.protect_fanout
+        return self.policy != "lru" and fanout >= self.placement.protect_fanout  # (a ranking key term)

@@ -124,7 +124,7 @@ class Mover:
 
     def pick_victims(self, ti: int, need: int, tenant: bytes | None = None) -> list[Entry]:
         """Tier ``ti``'s blocks that should leave it first, until ``need`` bytes: the least
-        recently used (LRU policy) or lowest-keyed (predictive) serving copies, then the
+        recently used (LRU policy, adaptive on recency) or lowest-keyed (predictive) serving copies, then the
         durable-only copies, oldest access first. Pinned blocks, blocks being relocated and
         (with ``tenant``) other tenants' blocks are passed over. Costs O(victims + passed
         over) per call, not O(tier): the ranking is kept up to date on access."""
@@ -137,7 +137,7 @@ class Mover:
         def want(r: int) -> int | None:
             return index.evictable(r, tenant)
 
-        if self.s.sched.policy == "lru":
+        if self.s.sched.recency:  # the lru policy, or the adaptive one on recency now
             for r in tier.lru.rows():
                 if freed >= need:
                     break

@@ -24,6 +24,7 @@ from .._device import check_device_kv, host_view, is_device_tensor
 from .._device import copy as device_copy
 from .._layout import as_numpy_kv, block_slice
 from .._paged import PagedSink
+from .._scheduling import shadow_id
 from ..backend import SupportsArrayIO, SupportsDeviceIO, SupportsTagLookup
 from ..errors import (
     BackendError,
@@ -214,6 +215,7 @@ class Reader:
             if e.count and tel.enabled:  # resolve the previous prediction: reused within the horizon?
                 reused = now - e.t_last <= pred.horizon
                 tel.calibration.add(1, {"bin": pbin(e.p_pred), "outcome": "reused" if reused else "not_reused"})
+            hit = e.count > 0  # held before this request (a block stored by this put has count 0)
             e.count += 1
             e.t_last = now + (n - i) * 1e-6
             e.cell = sched.cell(
@@ -226,7 +228,7 @@ class Reader:
             )
             e.p_pred = sched.p_reuse(e.cell)
             pred.observe(now, e.bid, e.cell)
-            sched.observe_ranked(e.bid, e.cell, now)
+            sched.observe_ranked(shadow_id(e.key), e.cell, now, e.children, hit)
             if ranked:
                 mover.rerank(e)
                 if e.rank < floor:

@@ -23,6 +23,7 @@ import numpy as np
 
 from .._device import is_device_tensor
 from .._keys import tail_key
+from .._scheduling import shadow_id
 from ..backend import SupportsArrayIO, SupportsDeviceIO
 from ..errors import InputError, TierUnavailableError
 from ._durable import BlockData, flat, nbytes_of
@@ -152,6 +153,13 @@ class Writer:
                             tiers_used.append(self.s.tiers[tail_e.tier].name)
                     else:
                         existing += 1
+            sched = self.s.sched
+            if sched.tau_adapter is not None and len(entries) < len(keys):
+                # blocks pushed out again by their own put: the shadow caches still see the access
+                now = sched.now()
+                for i in range(len(keys) - 1, -1, -1):
+                    if present[i] is None:
+                        sched.observe_ranked(shadow_id(keys[i].hex()), 0, now)
             # a chunk put (``start``): the blocks before it were read or stored by this request already
             counted = sum(1 for e in present[:first] if e is not None)
             self.s.reader.record_access(entries, len(keys), existing, counted_from=counted)

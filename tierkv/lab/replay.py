@@ -99,7 +99,7 @@ __all__ = [
 #: x4 shared prefixes), which the library does not run.
 POLICIES: tuple[str, ...] = ("lru", "lfu", "arc", "s3fifo", "tinylfu", "belady", "tierkv", "lab-tierkv")
 #: policies run only when named
-EXTRA_POLICIES: tuple[str, ...] = ("tierkv-predictive",)
+EXTRA_POLICIES: tuple[str, ...] = ("tierkv-predictive", "tierkv-adaptive", "tierkv-lru")
 ABLATIONS: dict[str, SessionOptions | TierKVOptions] = {
     "lab-tierkv-no-predictor": TierKVOptions(predictor=False),
     "lab-tierkv-no-prefix-tree": TierKVOptions(prefix_tree=False),
@@ -207,6 +207,8 @@ def make_policy(name: str, capacity: int, trace: Trace, next_uses: list[list[int
         "lab-tierkv": TierKVPolicy,
         "tierkv": LibraryPolicy,
         "tierkv-predictive": lambda c: LibraryPolicy(c, policy="predictive", name="tierkv-predictive"),
+        "tierkv-adaptive": lambda c: LibraryPolicy(c, policy="adaptive", name="tierkv-adaptive"),
+        "tierkv-lru": lambda c: LibraryPolicy(c, policy="lru", name="tierkv-lru"),
     }
     if name in simple:
         return simple[name](capacity)

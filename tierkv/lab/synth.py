@@ -14,6 +14,9 @@ Shapes (sessions arrive as a Poisson process, one per second on average):
   high prefix fanout across sessions); 3-30 steps per session, gaps exponential (mean 8 s) with a 5%
   chance of a long human pause (mean 10 min); small appended tool results.
 * ``mixed`` -- both interleaved (half the sessions each).
+* ``noise`` -- no predictive signal: ``4 x sessions`` requests, each one of 400 documents of 1-4 blocks picked
+  uniformly at random (independent reuse: no feature -- position, turn, gap, count, fanout, length --
+  says anything about the next use), arrivals a Poisson process of one per second.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from pathlib import Path
 
 __all__ = ["SHAPES", "synthetic_requests", "write_synthetic"]
 
-SHAPES: tuple[str, ...] = ("chat", "agent", "mixed")
+SHAPES: tuple[str, ...] = ("chat", "agent", "mixed", "noise")
 _BT = 512
 
 
@@ -67,6 +70,23 @@ def synthetic_requests(shape: str, seed: int = 7, sessions: int = 3000) -> list[
         seg_counter[0] += 1
         return seg_counter[0]
 
+    if shape == "noise":
+        docs = [[fresh() for _ in range(rnd.randint(1, 4))] for _ in range(400)]
+        t, noise = 0.0, []
+        for _ in range(4 * sessions):
+            t += rnd.expovariate(1.0)
+            d = docs[rnd.randrange(len(docs))]
+            noise.append((t, _BT * len(d), rnd.randint(10, 500), _chain(ids, d)))
+        dense0: dict[int, int] = {}
+        return [
+            {
+                "timestamp": round(e[0] * 1000),
+                "input_length": e[1],
+                "output_length": e[2],
+                "hash_ids": [dense0.setdefault(b, len(dense0)) for b in e[3]],
+            }
+            for e in noise
+        ]
     tool_prompts = [[fresh() for _ in range(rnd.randint(2, 12))] for _ in range(24)]
     zipf = [1.0 / (k + 1) ** 1.1 for k in range(len(tool_prompts))]
     events: list[tuple[float, int, int, list[int]]] = []

@@ -25,7 +25,7 @@ mini-caches are quantised FIFO buckets under a min-heap like the replay policy's
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 from ..errors import ConfigError
@@ -46,24 +46,41 @@ class TauAdapter:
     """
 
     __slots__ = (
+        "_age",
+        "_backoff",
         "_buf_b",
+        "_buf_n",
+        "_buf_r",
         "_buf_t",
         "_buf_v",
+        "_bypass",
         "_caches",
         "_cap",
         "_decay",
         "_every",
         "_hits",
+        "_live_buf",
+        "_live_hits",
         "_margin",
         "_next",
+        "_rec",
+        "_rec_hits",
         "_requests",
         "_sample",
         "_since_compact",
         "_thr",
+        "_wait",
+        "recency",
+        "recency_mode",
         "tau",
         "taus",
         "trace",
     )
+
+    _GRACE = 8  # decisions after a switch to the predictor before recency may take the cache back
+    _TRIAL = 32  # decisions on the predictor after which a trial has succeeded
+    _BACKOFF0 = 8  # decisions on recency before the first trial (doubled by each failed trial)
+    _BACKOFF_MAX = 1024
 
     def __init__(
         self,
@@ -75,6 +92,8 @@ class TauAdapter:
         margin: float = 0.02,
         every: int = 32,
         decay: float = 0.98,
+        recency: bool = False,
+        bypass: bool = True,
     ) -> None:
         if not taus or not all(
             isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0 for t in taus
@@ -103,6 +122,19 @@ class TauAdapter:
         self._buf_b: list[int] = []
         self._buf_v: list[float] = []
         self._buf_t: list[float] = []
+        self._buf_n: list[float] = []  # (staged) the value a new block is placed with
+        self._buf_r: list[int] = []  # (staged) the end of each request's accesses in the buffers
+        self._bypass = bool(bypass)
+        # the recency shadow (``recency=True``): an LRU of the same sampled accesses
+        self.recency = bool(recency)
+        self.recency_mode = False  # (with ``recency``) starts on the predictor, in its grace period
+        self._age = 0  # decisions since the last switch to the predictor
+        self._backoff = self._BACKOFF0  # decisions on recency before the next trial of the predictor
+        self._wait = 0
+        self._live_buf = 0  # sampled hits of the real cache since the last decision
+        self._live_hits = 0.0  # and their decayed count
+        self._rec: OrderedDict[int, None] = OrderedDict()
+        self._rec_hits = 0.0
         self._since_compact = 0
         self._requests = 0
         self._next = every
@@ -127,6 +159,8 @@ class TauAdapter:
             buckets.clear()
             bheap.clear()
         self._hits = [0.0] * len(self.taus)
+        self._rec.clear()
+        self._rec_hits = 0.0
         self._buf_b.clear()
         self._buf_v.clear()
         self._buf_t.clear()
@@ -135,17 +169,29 @@ class TauAdapter:
         """Whether accesses of ``block`` (an integer id) feed the shadow caches."""
         return ((block * _HASH_MUL) & 0xFFFFFFFF) < self._thr
 
-    def add(self, block: int, value: float, t: float) -> None:
+    def add(self, block: int, value: float, t: float, new_value: float | None = None, hit: bool = False) -> None:
         """Buffer one access of a sampled block: its ranking ``value`` (without the time term) at time
-        ``t``. Within a request, add blocks in the order the real cache admits them (leaf first)."""
+        ``t``. Within a request, add blocks in the order the real cache admits them (leaf first).
+
+        ``new_value`` (the adaptive policy's shadows, ``recency=True``): the value the real cache places
+        a *new* block with before it ranks the request. The shadows then serve a request as the library
+        does: its missing blocks are placed root first with ``new_value`` (evicting the lowest each, no
+        bypass), then every block of the request still held is re-keyed with ``value``, leaf first.
+        ``hit``: the real cache held the block when the request came (the adaptive policy compares the
+        real cache's sampled hits with the LRU shadow's while it follows the predictor)."""
         self._buf_b.append(block)
         self._buf_v.append(value + _OFFSET)
         self._buf_t.append(t)
+        self._buf_n.append((value if new_value is None else new_value) + _OFFSET)
+        if hit:
+            self._live_buf += 1
 
     def request(self, now: float) -> float | None:
         """One request was served (its sampled blocks added). Every ``every`` requests: serve the
         buffered accesses in the shadow caches and choose; return the new ``tau`` when it changed."""
         self._requests += 1
+        if self.recency:
+            self._buf_r.append(len(self._buf_b))
         if self._requests < self._next:
             return None
         self._next = self._requests + self._every
@@ -157,6 +203,11 @@ class TauAdapter:
         """Each candidate's decayed count of sampled hits (served accesses only)."""
         return tuple(self._hits)
 
+    @property
+    def recency_hits(self) -> float:
+        """The recency shadow's decayed count of sampled hits (0 without ``recency``)."""
+        return self._rec_hits
+
     # --------------------------------------------------------------- internals
     def _serve(self) -> None:
         sb, sv, st = self._buf_b, self._buf_v, self._buf_t
@@ -167,6 +218,14 @@ class TauAdapter:
         if compact:
             self._since_compact = 0
         for i, (sc, buckets, bheap, inv) in enumerate(self._caches):
+            if self.recency:
+                hits[i] += self._serve_staged(sc, buckets, bheap, inv)
+                if compact:
+                    nb, nh = bucketize(sc)
+                    buckets.clear()
+                    buckets.update(nb)
+                    bheap[:] = nh
+                continue
             h = 0
             for x in range(n):
                 b = sb[x]
@@ -177,7 +236,7 @@ class TauAdapter:
                         continue
                 elif len(sc) >= cap:
                     qv, dq = lowest(sc, buckets, bheap)  # the victim heads dq
-                    if q <= qv:
+                    if q <= qv and self._bypass:
                         continue  # bypass, as the real cache
                     del sc[dq.popleft()]
                 sc[b] = q
@@ -188,9 +247,104 @@ class TauAdapter:
                 buckets.clear()
                 buckets.update(nb)
                 bheap[:] = nh
+        if self.recency:
+            rec, h = self._rec, 0
+            for b in sb:
+                if b in rec:
+                    h += 1
+                    rec.move_to_end(b)
+                else:
+                    rec[b] = None
+                    if len(rec) > cap:
+                        rec.popitem(last=False)
+            self._rec_hits += h
+            self._live_hits += self._live_buf
+        self._live_buf = 0
         sb.clear()
         sv.clear()
         st.clear()
+        self._buf_n.clear()
+        self._buf_r.clear()
+
+    def _choose_mode(self, now: float, cur: int) -> float | None:
+        """Recency or the predictor (``recency=True``); returns ``math.inf`` for a switch to recency, the
+        current ``tau`` for one to the predictor, None when the mode stays.
+
+        The LRU shadow is faithful in either mode (recency uses no feature); the predictive shadows
+        only while the real cache follows the predictor: the predictor's features (access count,
+        fanout, the resident leading run) are read from the real cache, and a cache run by recency
+        gives them other values. Hence:
+
+        * on the predictor, recency takes the cache back as soon as its shadow leads *the real cache*
+          (its sampled hits, :meth:`add`'s ``hit``: what the predictor really achieves, whatever its
+          shadow says) at all, once the ``_GRACE`` decisions after a switch to the predictor have
+          passed (the features settle);
+        * on recency, the predictor gets the cache back when its (pessimistic) shadow leads by the
+          margin anyway, or for a *trial* once ``_wait`` decisions have passed: both counts restart
+          equal, and a trial that fails doubles the wait (up to ``_BACKOFF_MAX``), one that lasts
+          ``_TRIAL`` decisions resets it. The cost of the trials on a workload where recency is right
+          is bounded: their decisions are a fraction ``_GRACE / wait`` of the run, which halves after
+          every failed trial.
+        """
+        hits = self._hits
+        cur_hits = hits[cur] if cur >= 0 else max(hits)
+        rec = self._rec_hits
+        live = self._live_hits
+        if self.recency_mode:
+            self._wait -= 1
+            if cur_hits <= rec * (1.0 + self._margin) and self._wait > 0:
+                return None
+            self._live_hits = rec  # from now on the real cache answers for the predictor
+            if cur_hits <= rec * (1.0 + self._margin):  # a trial: the evidence restarts level
+                for i in range(len(hits)):
+                    hits[i] = rec
+            self.recency_mode = False
+            self._age = 0
+            self.trace.append((now, self.tau))
+            return self.tau
+        self._age += 1
+        if self._age == self._TRIAL:
+            self._backoff = self._BACKOFF0  # the predictor held: a later failure waits little
+        if self._age <= self._GRACE or rec <= live:
+            return None
+        self.recency_mode = True  # no margin: recency is the safe side
+        if self._age < self._TRIAL:
+            self._backoff = min(self._BACKOFF_MAX, 2 * self._backoff)
+        self._wait = self._backoff
+        self.trace.append((now, math.inf))
+        return math.inf
+
+    def _serve_staged(self, sc: dict[int, int], buckets: dict[int, deque[int]], bheap: list[int], inv: float) -> int:
+        """Serve the buffered requests in one predictive shadow as the library does (see :meth:`add`)."""
+        sb, sv, st, sn = self._buf_b, self._buf_v, self._buf_t, self._buf_n
+        cap, h, lo = self._cap, 0, 0
+        for hi in self._buf_r:
+            present = [sb[x] in sc for x in range(lo, hi)]
+            for x in range(hi - 1, lo - 1, -1):  # new blocks placed root first
+                if present[x - lo]:
+                    continue
+                b = sb[x]
+                if b in sc:
+                    continue
+                if len(sc) >= cap:
+                    _qv, dq = lowest(sc, buckets, bheap)
+                    del sc[dq.popleft()]
+                q = int((sn[x] + st[x] * inv) * _QUANTA)
+                sc[b] = q
+                push(buckets, bheap, b, q)
+            for x in range(lo, hi):  # then the request is ranked, leaf first
+                b = sb[x]
+                if present[x - lo]:
+                    h += 1
+                old = sc.get(b)
+                if old is None:
+                    continue  # placed and pushed out again by its own request
+                q = int((sv[x] + st[x] * inv) * _QUANTA)
+                if old != q:
+                    sc[b] = q
+                    push(buckets, bheap, b, q)
+            lo = hi
+        return h
 
     def _choose(self, now: float) -> float | None:
         hits, taus = self._hits, self.taus
@@ -203,7 +357,11 @@ class TauAdapter:
                 self.tau = t
                 self.trace.append((now, t))
                 new = t
+        if self.recency:
+            new = self._choose_mode(now, taus.index(self.tau) if self.tau in taus else -1) or new
         d = self._decay
         for i in range(len(hits)):
             hits[i] *= d
+        self._rec_hits *= d
+        self._live_hits *= d
         return new
