@@ -103,6 +103,8 @@ def _tierkv_config(loaded: Any, pfs_dir: Path, dram_capacity: int | None, block_
         "model": model_config(loaded),
         "kv_dtype": loaded.dtype,
         "block_tokens": block_tokens,
+        # the prompt's trailing partial block is stored too: the follow-up recomputes only its new tokens
+        "partial_blocks": True,
         "tiers": tiers,
     }
 
@@ -213,9 +215,11 @@ async def run_demo(
         _say(f"(b) tierkv tiers: {[(t['name'], t.get('capacity')) for t in config['tiers']]}; PFS at {pfs_dir}")
         t0 = time.perf_counter()
         put = await store_cache(kv, loaded, [first], cache_first)
+        tail = put.tokens[0] % block_tokens
         _say(
-            f"    stored {put.tokens[0]} tokens ({put.new_blocks[0]} blocks of {block_tokens}; {put.tail_tokens[0]}"
-            f" tail tokens not stored) from the model's cache in {time.perf_counter() - t0:.2f} s"
+            f"    stored {put.tokens[0]} tokens ({put.tokens[0] // block_tokens} blocks of {block_tokens}"
+            + (f" + a partial last block of {tail} tokens" if tail else "")
+            + f"; {put.tail_tokens[0]} tokens not stored) from the model's cache in {time.perf_counter() - t0:.2f} s"
         )
         lk = await kv.lookup(followup)
         _say(f"    lookup(follow-up): {lk.tokens} tokens stored; blocks per tier: {_count(lk.block_tiers)}")
