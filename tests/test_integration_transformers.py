@@ -147,6 +147,39 @@ async def test_second_longer_prompt_stores_only_new_blocks(anyio_backend: str, l
 
 
 @pytest.mark.anyio
+async def test_partial_last_blocks_are_stored_and_loaded(
+    anyio_backend: str, loaded: Any, ids: list[int], reference: dict[int, list[int]]
+) -> None:
+    """With ``partial_blocks`` the trailing partial block goes in too: a follow-up that extends the
+    prompt loads all of it and prefills only its new tokens, and generates what it would without."""
+    async with await TierKV.open({**_config(loaded), "partial_blocks": True}) as store:
+        _, cache = hf.prefill_cache(loaded, [ids[:150]])
+        res = await hf.store_cache(store, loaded, [ids[:150]], cache)
+        assert res.tokens == (150,) and res.new_blocks == (5,) and res.tail_tokens == (0,)
+        got = await store.get(ids[:150])
+        assert got.tokens == 150 and torch.equal(torch.from_numpy(got.kv), hf.cache_to_kv(cache)[:, :, :150])
+        hit = await hf.load_cache(store, loaded, ids[:200])
+        assert hit.tokens == 150 and hit.cache.get_seq_length() == 150
+        x = torch.tensor([ids[:200]])
+        assert _generate(loaded, x, torch.ones_like(x), **hit.generate_kwargs)[0] == reference[200]
+        # the longer prompt: whole blocks 4 and 5 and a new 8-token tail; the 22-token tail is left
+        _, long = hf.prefill_cache(loaded, [ids[:200]])
+        res = await hf.store_cache(store, loaded, [ids[:200]], long)
+        assert res.tokens == (200,) and res.existing_blocks == (4,) and res.new_blocks == (3,)
+        again = await hf.store_cache(store, loaded, [ids[:200]], long)
+        assert again.puts == 0 and again.new_blocks == (0,) and again.tokens == (200,)
+        assert store.invariant_violations() == []
+
+
+def test_partial_last_blocks_through_the_sync_facade(loaded: Any, ids: list[int]) -> None:
+    with TierKV.open_sync({**_config(loaded), "partial_blocks": True}) as store:
+        _, cache = hf.prefill_cache(loaded, [ids[:70]])
+        assert hf.store_cache_sync(store, loaded, [ids[:70]], cache).tokens == (70,)
+        hit = hf.load_cache_sync(store, loaded, ids[:90])
+        assert hit.tokens == 70 and hit.stored_tokens == (70,)
+
+
+@pytest.mark.anyio
 async def test_batch_of_two_prompts_of_different_lengths(
     anyio_backend: str, loaded: Any, batch: dict[str, Any]
 ) -> None:

@@ -356,13 +356,18 @@ class Reader:
         sink = out if isinstance(out, PagedSink) else None
         target = self.out_view(out, total) if sink is None else None
         served = [e.tier for e in entries]
-        if await self.read_direct(entries, target, sink, total):
-            good = n  # scattered by the tier straight into ``target`` (or the paged caches)
-            datas: list[memoryview | BaseException] = []
-        else:
-            datas = await self.read_blocks(entries, served)
+        # blocks scattered by their tier straight into ``target`` (or the paged caches) ...
+        done = await self.read_direct(entries, target, sink, total)
+        datas: list[memoryview | BaseException] = [memoryview(b"")] * n
+        good = n
+        rest = [i for i in range(n) if i not in done]
+        if rest:  # ... and the others read, checked and copied in the checked way
+            sub_served = [served[i] for i in rest]
+            sub = await self.read_blocks([entries[i] for i in rest], sub_served)
+            for j, i in enumerate(rest):
+                datas[i], served[i] = sub[j], sub_served[j]
             good = await anyio.to_thread.run_sync(
-                functools.partial(self.assemble, entries, datas, served, sink, target, total)
+                functools.partial(self.assemble, entries, datas, served, sink, target, total, rest)
             )
         per_tier: dict[int, list[int]] = {}
         for i in range(good):
@@ -425,13 +430,16 @@ class Reader:
         sink: PagedSink | None,
         target: np.ndarray[Any, Any] | None,
         total: int,
+        positions: list[int],
     ) -> int:
-        """Check each block read (size; the checksum on a verifying tier) and copy it into
-        ``target`` (or the paged ``sink``), in a worker thread; returns how many leading
-        blocks are good (the first bad one's error is put in ``datas``). ``total``: the
-        tokens of all ``entries`` (the last may be a tail, shorter than a block)."""
+        """Check each block read at ``positions`` (ascending; size, and the checksum on a
+        verifying tier) and copy it into ``target`` (or the paged ``sink``), in a worker
+        thread; returns the first position whose block is bad (its error is put in
+        ``datas``), or ``len(entries)``. ``total``: the tokens of all ``entries`` (the last
+        may be a tail, shorter than a block)."""
         bt = self.s.block_tokens
-        for i, (e, d) in enumerate(zip(entries, datas, strict=True)):
+        for i in positions:
+            e, d = entries[i], datas[i]
             if isinstance(d, BaseException):
                 return i
             ti = served[i]  # where it was read from (read_blocks may have fallen back)
@@ -455,48 +463,57 @@ class Reader:
 
     async def read_direct(
         self, entries: list[Entry], target: np.ndarray[Any, Any] | None, sink: PagedSink | None, total: int
-    ) -> bool:
-        """The one-copy read: every block on one healthy tier without a codec that does not
-        verify reads and scatters into arrays itself (:class:`SupportsArrayIO`) is copied
-        by that tier straight into its place in ``target`` (or its engine blocks in
-        ``sink``). False (nothing to rely on there) when that does not apply or the tier
-        failed: the caller reads the blocks the checked way, block by block."""
-        ti = entries[0].tier
-        tier = self.s.tiers[ti]
-        backend = tier.backend
-        on_device = target is not None and is_device_tensor(target)
-        if (
-            tier.codec is not None
-            or self.s.verifies(ti)
-            or not tier.healthy
-            or not (isinstance(backend, SupportsArrayIO) or (on_device and isinstance(backend, SupportsDeviceIO)))
-            or any(e.tier != ti for e in entries)
-        ):
-            return False
+    ) -> set[int]:
+        """The one-copy read: the blocks on a healthy tier without a codec that does not verify
+        reads and scatters into arrays itself (:class:`SupportsArrayIO`) are copied by that
+        tier straight into their place in ``target`` (or their engine blocks in ``sink``),
+        one batch per such tier; into an accelerator ``target``, a device-resident tier's
+        blocks (:class:`SupportsDeviceIO`) too, on the device. Returns the positions so read;
+        the others (other tiers, or a tier that failed: nothing to rely on there) are for the
+        checked read."""
         bt, spec = self.s.block_tokens, self.s.spec
-        if on_device and not isinstance(backend, SupportsArrayIO):
-            return await self._read_device(ti, entries, target, total)
-        views: list[Any]
-        if sink is not None:
-            views = [sink.parts(i) for i in range(len(entries))]
-        else:
-            assert target is not None
-            views = [target[block_slice(spec, i * bt, min((i + 1) * bt, total))] for i in range(len(entries))]
-        t0 = time.perf_counter()
-        try:
-            await cast("SupportsArrayIO", backend).read_arrays([e.key for e in entries], views)
-        except BackendError as exc:
-            if not isinstance(exc, (BlockNotFoundError, IntegrityError)):
-                self.s.tier_failed(ti, exc)
-            return False
-        tier.breaker.record_success()
-        self.s.sched.estimators[ti].observe(sum(e.nbytes for e in entries), time.perf_counter() - t0)
-        return True
+        on_device = target is not None and is_device_tensor(target)
+        by_tier: dict[int, list[int]] = {}
+        for i, e in enumerate(entries):
+            by_tier.setdefault(e.tier, []).append(i)
+        done: set[int] = set()
+        for ti, idxs in by_tier.items():
+            tier = self.s.tiers[ti]
+            backend = tier.backend
+            array_io = isinstance(backend, SupportsArrayIO)
+            if (
+                tier.codec is not None
+                or self.s.verifies(ti)
+                or not tier.healthy
+                or not (array_io or (on_device and isinstance(backend, SupportsDeviceIO)))
+            ):
+                continue
+            if not array_io:
+                if await self._read_device(ti, idxs, entries, target, total):
+                    done.update(idxs)
+                continue
+            views: list[Any]
+            if sink is not None:
+                views = [sink.parts(i) for i in idxs]
+            else:
+                assert target is not None
+                views = [target[block_slice(spec, i * bt, min((i + 1) * bt, total))] for i in idxs]
+            t0 = time.perf_counter()
+            try:
+                await cast("SupportsArrayIO", backend).read_arrays([entries[i].key for i in idxs], views)
+            except BackendError as exc:
+                if not isinstance(exc, (BlockNotFoundError, IntegrityError)):
+                    self.s.tier_failed(ti, exc)
+                continue
+            tier.breaker.record_success()
+            self.s.sched.estimators[ti].observe(sum(entries[i].nbytes for i in idxs), time.perf_counter() - t0)
+            done.update(idxs)
+        return done
 
-    async def _read_device(self, ti: int, entries: list[Entry], target: Any, total: int) -> bool:
-        """:meth:`read_direct` for an accelerator ``target`` from a device-resident tier
-        (:class:`SupportsDeviceIO`): each block is read on the device and copied into its
-        place there; it never crosses to the host."""
+    async def _read_device(self, ti: int, idxs: list[int], entries: list[Entry], target: Any, total: int) -> bool:
+        """:meth:`read_direct` of the blocks at ``idxs`` into an accelerator ``target`` from a
+        device-resident tier (:class:`SupportsDeviceIO`): each block is read on the device and
+        copied into its place there; it never crosses to the host."""
         tier = self.s.tiers[ti]
         backend = cast("SupportsDeviceIO", tier.backend)
         bt, spec = self.s.block_tokens, self.s.spec
@@ -504,7 +521,8 @@ class Reader:
         import torch
 
         try:
-            for i, e in enumerate(entries):
+            for i in idxs:
+                e = entries[i]
                 view = target[block_slice(spec, i * bt, min((i + 1) * bt, total))]
                 buf = torch.empty(e.nbytes, dtype=torch.uint8, device=view.device)
                 got = await backend.read_device(e.key, into=buf)
@@ -514,7 +532,7 @@ class Reader:
                 self.s.tier_failed(ti, exc)
             return False
         tier.breaker.record_success()
-        self.s.sched.estimators[ti].observe(sum(e.nbytes for e in entries), time.perf_counter() - t0)
+        self.s.sched.estimators[ti].observe(sum(entries[i].nbytes for i in idxs), time.perf_counter() - t0)
         return True
 
     async def discard_failed_copy(self, e: Entry) -> None:

@@ -334,7 +334,8 @@ class CacheStoreResult:
     """What :func:`store_cache` did, one entry per row of the batch.
 
     ``tokens``: the row's stored prefix after the call (real tokens, a multiple of
-    ``block_tokens``); ``new_blocks``: blocks this call copied out of the cache and wrote;
+    ``block_tokens``, or the whole row when the store has ``partial_blocks`` on: its trailing
+    partial block is stored too); ``new_blocks``: blocks this call copied out of the cache and wrote;
     ``existing_blocks``: blocks that were already stored (found by ``lookup``; never copied);
     ``tail_tokens``: the row's trailing tokens not stored (a partial block); ``puts``: the
     ``put(start=...)`` calls made in all.
@@ -559,8 +560,9 @@ async def store_cache(
     :func:`prefill_cache` do; a bare ``model(...)`` call on a left-padded batch without
     ``position_ids`` does not, and its KV would be stored under the wrong positions).
 
-    Per row, ``lookup`` finds the stored prefix ``n``; only the whole blocks after it are copied
-    out of the cache's per-layer tensors, in chunks of at most :data:`STAGING_BYTES` (never the
+    Per row, ``lookup`` finds the stored prefix ``n``; only the whole blocks after it (and, with
+    the store's ``partial_blocks`` on, the trailing partial block) are copied out of the cache's
+    per-layer tensors, in chunks of at most :data:`STAGING_BYTES` (never the
     whole prefix at once), each stored with ``put(row_tokens[:end], chunk, start=...)``. Rows are
     stored one after the other, so rows sharing a prefix write it once.
 
@@ -603,12 +605,21 @@ async def _store(
     tails: list[int] = []
     puts = 0
     stage: Any = None
+    partial = bool(getattr(kv.config, "partial_blocks", False))
     for row in range(int(rows.ids.shape[0])):
         tokens, pad = rows.tokens(row), rows.pads[row]
-        whole = (len(tokens) // bt) * bt
+        # with partial_blocks the store keeps the trailing partial block too: the last put covers it
+        whole = len(tokens) if partial else (len(tokens) // bt) * bt
         have = (await kv.lookup(tokens, tenant=tenant)).tokens if whole else 0
-        # durable: a stored block may live only in a volatile tier; put sees every block and writes those through
-        first = 0 if durable else have
+        if have == len(tokens) and not durable:
+            out_tokens.append(have)
+            new.append(0)
+            existing.append(-(-have // bt))
+            tails.append(0)
+            continue
+        # durable: a stored block may live only in a volatile tier; put sees every block and writes those through;
+        # a put starts at a block boundary (a stored tail's block is stored whole once the row covers it)
+        first = 0 if durable else (have // bt) * bt
         stored, written, found = have, 0, first // bt
         for s in range(first, whole, chunk_blocks * bt):
             e = min(whole, s + chunk_blocks * bt)
@@ -629,7 +640,7 @@ async def _store(
         out_tokens.append(stored)
         new.append(written)
         existing.append(found)
-        tails.append(len(tokens) - whole)
+        tails.append(len(tokens) - stored if partial else len(tokens) - whole)
     return CacheStoreResult(tuple(out_tokens), tuple(new), tuple(existing), tuple(tails), puts)
 
 
@@ -697,7 +708,8 @@ async def _load(kv: Any, model: Any, input_ids: Any, attention_mask: Any, tenant
                 buf[:, :, b, :, : min(pad, cover)].zero_()
         return buf
 
-    buf = await anyio.to_thread.run_sync(alloc)
+    # without pad columns to zero the buffer is only reserved (no page is touched until get writes it)
+    buf = await anyio.to_thread.run_sync(alloc) if any(rows.pads) else alloc()
     t2 = time.perf_counter()
     tiers: list[str] = []
     for b, pad in enumerate(rows.pads):
