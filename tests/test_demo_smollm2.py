@@ -120,10 +120,12 @@ def test_demo_end_to_end(loaded: Any, tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     assert rc == 0
     assert result["identical"] is True
-    # the demo stores the first prompt's partial last block too: the follow-up finds all of the first prompt
+    # the demo stores the first prompt (its partial last block too) and the part of its answer the
+    # follow-up repeats: the follow-up finds all of that
     assert result["partial_blocks"] is True
-    assert result["prefix_tokens"] == result["prompt_tokens"] and result["prompt_tokens"] % BLOCK
-    assert result["suffix_tokens_prefilled"] == result["followup_tokens"] - result["prompt_tokens"]
+    assert result["prefix_tokens"] == result["prompt_tokens"] + result["answer_tokens_stored"]
+    assert result["answer_tokens_stored"] > 0 and result["prefix_tokens"] % BLOCK
+    assert result["suffix_tokens_prefilled"] == result["followup_tokens"] - result["prefix_tokens"]
     assert result["tiers_hit"] and set(result["tiers_hit"]) <= {"dram", "pfs"}
     assert result["ttft_recompute_s"] > 0 and result["ttft_cached_s"] > 0
     warm = result["warm_start"]

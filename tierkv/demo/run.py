@@ -197,10 +197,17 @@ async def run_demo(
     async with await TierKV.open(config) as kv:
         _say(f"(b) tierkv tiers: {[(t['name'], t.get('capacity')) for t in config['tiers']]}; PFS at {pfs_dir}")
         t0 = time.perf_counter()
-        put = await store_cache(kv, loaded, [first], cache_first)
+        # what the first request computed: the prompt and its answer but the last token (never fed back);
+        # stored as far as the follow-up repeats it (a chat template may re-tokenize the answer's end)
+        held = min(len(first) + len(answer) - 1, int(cache_first.get_seq_length()))
+        computed = (list(first) + list(answer))[:held]
+        common = next((i for i, (a, b) in enumerate(zip(computed, followup, strict=False)) if a != b), held)
+        stored_ids = followup[:common] if common > len(first) else list(first)
+        put = await store_cache(kv, loaded, [stored_ids], cache_first)
         tail = put.tokens[0] % block_tokens
         _say(
-            f"    stored {put.tokens[0]} tokens ({put.tokens[0] // block_tokens} blocks of {block_tokens}"
+            f"    stored {put.tokens[0]} tokens: the prompt and the first {len(stored_ids) - len(first)} tokens of its"
+            f" answer ({put.tokens[0] // block_tokens} blocks of {block_tokens}"
             + (f" + a partial last block of {tail} tokens" if tail else "")
             + f"; {put.tail_tokens[0]} tokens not stored) from the model's cache in {time.perf_counter() - t0:.2f} s"
         )
@@ -241,6 +248,7 @@ async def run_demo(
             "kv_bytes_per_token": kv_bytes_per_token,
             "block_tokens": block_tokens,
             "partial_blocks": True,
+            "answer_tokens_stored": len(stored_ids) - len(first),
             "dram_capacity_bytes": dram,
             "checkpoint_copied_bytes": ckpt.copied_bytes,
             "model": {
