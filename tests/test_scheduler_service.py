@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import kvtest
 import pytest
-from kvtest import BLOCK, kv_for
+from kvtest import BLOCK, BT, kv_for
 from tierkv_conformance import FaultConfig, FaultInjectingBackend
 
 from tierkv import Config, InputError, LoadFailedError, SchedulerError, TierKV
@@ -63,6 +63,27 @@ async def test_hits_in_a_slow_tier_are_promoted_in_the_background(tmp_path: Path
         await wait_for(lambda: kv.stats()["dram"].promotions > 0)
         g = await kv.get(hot)
         assert g.kv.tobytes() == kv_for(32).tobytes()
+
+
+async def test_a_prefix_larger_than_dram_is_not_swapped_back_and_forth(tmp_path: Path) -> None:
+    """A prefix of 8 blocks over a DRAM tier of 4: every get hits half of it in DRAM and half in PFS.
+    Promoting a PFS block would only push out a block the same request just used (a swap, two copies,
+    nothing gained): no promotion happens however often the prefix is read. A hot prefix hit apart from
+    a colder one still moves up (the test above)."""
+    async with await TierKV.open(config(tmp_path, dram=BLOCK * 4, scheduler={"prefill_tokens_per_s": 50.0})) as kv:
+        toks = list(range(8 * BT))
+        await kv.put(toks, kv_for(8 * BT))
+        await kv.drain()
+        assert set((await kv.lookup(toks)).tiers) == {"dram", "pfs"}
+        moved_before = kv.stats()["pfs"].bytes_out
+        for _ in range(4):
+            g = await kv.get(toks)
+            assert g.tokens == 8 * BT and g.kv.tobytes() == kv_for(8 * BT).tobytes()
+            await kv.drain()
+        assert kv.stats()["dram"].promotions == 0
+        # what was read from PFS is what the gets served from it, nothing more (no copies up)
+        served_from_pfs = sum(1 for t in (await kv.lookup(toks)).block_tiers if t == "pfs")
+        assert kv.stats()["pfs"].bytes_out - moved_before == 4 * served_from_pfs * BLOCK
 
 
 async def test_prefetch_promotes_the_rope_window(tmp_path: Path) -> None:

@@ -42,6 +42,11 @@ __all__ = ["Mover"]
 _LN4 = math.log(4.0)
 
 
+#: Blocks used within this many seconds of each other count as one request's (see
+#: :meth:`Mover.displaces_its_peers`).
+PEER_WINDOW_S = 1e-3
+
+
 class Mover:
     """Moves blocks between tiers and out of the store (see the module docstring)."""
 
@@ -389,6 +394,8 @@ class Mover:
             return False
         with self.s.index.pinned([e]):
             src = e.tier
+            if reason != "prefetch" and self.displaces_its_peers(e, dst):
+                return False
             await self.make_room(dst, e.nbytes)
             ok = await self.promote(e, dst)
             if ok:
@@ -397,6 +404,18 @@ class Mover:
                     self.s.prefetched.add(e.key)
                     self.s.prefetch_stats["issued"] += 1
             return ok
+
+    def displaces_its_peers(self, e: Entry, dst: int) -> bool:
+        """Whether making room for ``e`` on tier ``dst`` would push out blocks used as recently as
+        ``e`` (within :data:`PEER_WINDOW_S`: typically the same request's other blocks, when a
+        prefix is larger than the faster tier): moving ``e`` up would only swap it with them, churn
+        that costs two copies and saves nothing, so it stays where it is."""
+        t = self.s.loads()[dst]  # room up to the high watermark: past it the rebalance pushes blocks out
+        need = e.nbytes - int(t.high_watermark * t.capacity - t.used)
+        if need <= 0:
+            return False
+        victims = self.pick_victims(dst, need)
+        return bool(victims) and min(v.t_last for v in victims) >= e.t_last - PEER_WINDOW_S
 
     def warm_target(self, nbytes: int, below: int) -> int | None:
         loads = self.s.loads()
