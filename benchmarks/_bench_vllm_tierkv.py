@@ -44,14 +44,6 @@ def tierkv_hit_stats() -> dict[str, Any]:
     """tierkv's own counters in this process: the connector's (:class:`~tierkv.integrations.vllm.ConnectorStats`:
     lookups, tokens loaded, load time, blocks stored, ...) and, per tier of the stores open now, hits, misses and
     bytes read."""
-    from tierkv.integrations.vllm import connector_stats, open_stores
+    from tierkv.integrations.vllm import connector_stats, tier_counters
 
-    tiers: dict[str, dict[str, int]] = {}
-    for store in open_stores():
-        for name, st in store.stats().items():
-            t = tiers.setdefault(name, {"hits": 0, "misses": 0, "bytes_out": 0, "blocks": 0})
-            t["hits"] += st.hits
-            t["misses"] += st.misses
-            t["bytes_out"] += st.bytes_out
-            t["blocks"] += st.blocks
-    return {"connector": asdict(connector_stats()), "tiers": tiers}
+    return {"connector": asdict(connector_stats()), "tiers": tier_counters()}

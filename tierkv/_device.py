@@ -53,14 +53,6 @@ __all__ = [
 #: torch device types whose tensors take the device path (``"cuda"`` covers ROCm too).
 ACCELERATORS: set[str] = {"cuda"}
 
-_TORCH_DTYPE_NAMES = {
-    "float16": "float16",
-    "bfloat16": "bfloat16",
-    "float32": "float32",
-    "float8_e4m3fn": "float8_e4m3fn",
-    "float8_e5m2": "float8_e5m2",
-}
-
 _streams: dict[Any, Any] = {}
 _streams_lock = threading.Lock()
 
@@ -79,7 +71,7 @@ def check_device_kv(t: Any, spec: ModelSpec, kv_dtype: str, tokens: int | None, 
     checks the shape). Returns ``t``. KVLayoutError otherwise."""
     pre = f"{what} " if what else ""
     name = str(t.dtype).removeprefix("torch.")
-    if name != _TORCH_DTYPE_NAMES.get(kv_dtype, kv_dtype):
+    if name != kv_dtype:  # torch names the KV dtypes as tierkv's config does
         raise KVLayoutError(f"{pre}dtype".strip(), kv_dtype, name)
     if tokens is not None:
         expected = spec.kv_shape(tokens)

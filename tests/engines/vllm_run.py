@@ -95,13 +95,9 @@ def close_llm(llm: Any) -> None:
 
 def tier_hits() -> dict[str, int]:
     """Hits per tier of the stores tierkv's connectors of this process hold open."""
-    from tierkv.integrations.vllm import open_stores
+    from tierkv.integrations.vllm import tier_counters
 
-    hits: dict[str, int] = {}
-    for s in open_stores():
-        for name, st in s.stats().items():
-            hits[name] = hits.get(name, 0) + st.hits
-    return hits
+    return {name: t["hits"] for name, t in tier_counters().items()}
 
 
 def run_once(spec: Mapping[str, Any]) -> dict[str, Any]:

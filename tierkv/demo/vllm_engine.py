@@ -222,18 +222,9 @@ def _generate(llm: Any, prompt: Sequence[int], max_tokens: int) -> dict[str, Any
 
 
 def _tier_counters() -> dict[str, dict[str, int]]:
-    """Per tier of the stores the connectors of this process hold: hits, misses, bytes read, blocks."""
-    from tierkv.integrations.vllm import open_stores
+    from tierkv.integrations.vllm import tier_counters
 
-    out: dict[str, dict[str, int]] = {}
-    for store in open_stores():
-        for name, st in store.stats().items():
-            t = out.setdefault(name, {"hits": 0, "misses": 0, "bytes_out": 0, "blocks": 0})
-            t["hits"] += st.hits
-            t["misses"] += st.misses
-            t["bytes_out"] += st.bytes_out
-            t["blocks"] += st.blocks
-    return out
+    return tier_counters()
 
 
 def _cached_runs(llm: Any, followup: Sequence[int], new_tokens: int, runs: int, tag: str = "") -> dict[str, Any]:

@@ -83,6 +83,7 @@ __all__ = [
     "TierKVConnectorMetadata",
     "connector_stats",
     "open_stores",
+    "tier_counters",
 ]
 
 _LOG = logging.getLogger("tierkv.integrations.vllm")
@@ -228,6 +229,20 @@ def open_stores() -> tuple[SyncTierKV, ...]:
     """The stores the connectors of this process hold open now (for stats and tests: use, never close them)."""
     with _REGISTRY_LOCK:
         return tuple(s.store for s in _STORES.values())
+
+
+def tier_counters() -> dict[str, dict[str, int]]:
+    """Per tier name, summed over the stores the connectors of this process hold open now: ``hits``,
+    ``misses``, ``bytes_out`` and ``blocks`` (take differences around a run)."""
+    out: dict[str, dict[str, int]] = {}
+    for store in open_stores():
+        for name, st in store.stats().items():
+            t = out.setdefault(name, {"hits": 0, "misses": 0, "bytes_out": 0, "blocks": 0})
+            t["hits"] += st.hits
+            t["misses"] += st.misses
+            t["bytes_out"] += st.bytes_out
+            t["blocks"] += st.blocks
+    return out
 
 
 # ----------------------------------------------------------------------------- configuration
