@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.from_thread
 import anyio.lowlevel
 import numpy as np
 import pytest
@@ -611,6 +612,38 @@ async def test_put_during_evict_of_the_same_key_survives(tmp_path: Path, monkeyp
         assert b.stats().used_bytes == 30_000
     async with await _open(tmp_path) as b2:
         assert [i.key for i in await b2.scan()] == ["k"] and bytes(await b2.read("k")) == data
+
+
+async def test_put_deduplicating_onto_content_whose_last_key_is_evicted_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put that found equal content runs its compare and link outside the content lock; when
+    the last key holding that content is evicted in between, the file has no name left and
+    cannot be linked: the put publishes the bytes afresh (found by the random concurrency soak
+    of tests/test_concurrency_defects.py, where it failed a background demotion)."""
+    real = PfsBackend._link_record
+    calls: list[str] = []
+
+    def evict_first(self: PfsBackend, fd: int, name: str) -> None:
+        if not calls:
+            calls.append(name)
+            assert anyio.from_thread.run(b.evict, "a") is True  # the last key of that content goes
+            assert os.fstat(fd).st_nlink == 0
+        real(self, fd, name)
+
+    data = _rand(40_000, 11)
+    async with await _open(tmp_path) as b:
+        await _put(b, "a", data)
+        monkeypatch.setattr(PfsBackend, "_link_record", evict_first)
+        await _put(b, "b", data)
+        monkeypatch.setattr(PfsBackend, "_link_record", real)
+        assert len(calls) == 1
+        assert bytes(await b.read("b")) == data and not await b.contains("a")
+        (obj,) = _objects(tmp_path)
+        assert _same(_record(tmp_path, "b"), obj) and obj.stat().st_nlink == 2
+        assert b.stats().used_bytes == 40_000
+    async with await _open(tmp_path) as b2:
+        assert [i.key for i in await b2.scan()] == ["b"] and bytes(await b2.read("b")) == data
 
 
 # ------------------------------------------------------------- open descriptors (open_files)

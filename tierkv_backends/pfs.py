@@ -775,7 +775,9 @@ class PfsBackend(Backend):
     def _link_existing(self, fd: int, obj: Path, src: memoryview, sha: bytes, name: str) -> int:
         """Link ``keys/<name>`` to the open content file ``fd`` (``obj``) when it holds
         exactly ``src`` (header and bytes, compared piece by piece); its inode. A file that
-        differs (corrupt) is moved to ``quarantine/`` and -1 returned. Closes ``fd``."""
+        differs (corrupt) is moved to ``quarantine/`` and -1 returned; -2 when the file lost its
+        last name meanwhile (a concurrent eviction of the last block holding that content: no
+        link to an unlinked file can be made). Closes ``fd``."""
         try:
             st = os.fstat(fd)
             n = src.nbytes
@@ -806,7 +808,12 @@ class PfsBackend(Backend):
                 except FileNotFoundError:
                     pass
                 return -1
-            self._link_record(fd, name)
+            try:
+                self._link_record(fd, name)
+            except FileNotFoundError:
+                if os.fstat(fd).st_nlink == 0:  # its last name went while we compared: publish anew
+                    return -2
+                raise
             return int(st.st_ino)
         finally:
             os.close(fd)
@@ -838,7 +845,7 @@ class PfsBackend(Backend):
             ino = self._link_existing(fd, obj, src, sha_b, name)
             if ino >= 0:
                 return _Put(name, ino, sha, False)
-            # the file was corrupt and is in quarantine now: publish a new one
+            # the file was corrupt and is in quarantine now, or it was removed: publish a new one
 
     def _record_for(self, key: str, tag: bytes, sha: bytes) -> str:
         """The record name of a block (storing its tag in ``tags/`` when it is too long)."""
