@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from kvtest import BLOCK, BT, dram_tier, kv_for, nvme_tier, pfs_tier, smol_config
 
-from tierkv import CapacityError, TierKV, TierKVError
+from tierkv import CapacityError, PagedLayout, TierKV, TierKVError
 
 pytestmark = pytest.mark.anyio
 
@@ -38,6 +38,24 @@ def base_kv(family: int, n: int) -> np.ndarray:
 
 def base_tokens(family: int, n: int) -> list[int]:
     return [family * 100_000 + i for i in range(n)]
+
+
+#: the paged ops' layout: vLLM flash-attention caches, per layer ``[2, num_blocks, BT/2, heads, dim]``
+PAGED = PagedLayout.named("vllm-flash", BT // 2)
+PAGED_BLOCKS = 6 * BT // PAGED.block_size  # engine blocks per cache: a family's whole prompt
+
+
+def paged_caches(kv: np.ndarray | None, table: np.ndarray) -> list[np.ndarray]:
+    """Per layer a vllm-flash cache of ``PAGED_BLOCKS`` engine blocks; with ``kv`` (canonical,
+    ``(layers, 2, tokens, heads, dim)``) engine block ``j`` of it is written at ``table[j]``."""
+    layers, _, _, heads, dim = _family_kv(0).shape
+    out = [np.full((2, PAGED_BLOCKS, PAGED.block_size, heads, dim), -1.0, np.float16) for _ in range(layers)]
+    if kv is not None:
+        eb = PAGED.block_size
+        for j in range(kv.shape[2] // eb):
+            for layer in range(layers):
+                out[layer][:, table[j]] = kv[layer, :, j * eb : (j + 1) * eb]
+    return out
 
 
 def assert_sound(kv: TierKV) -> None:
@@ -142,17 +160,40 @@ async def run_random_workload(
 ) -> dict[str, int]:
     """The randomized concurrency run of the acceptance list: dram + nvme + pfs at small
     capacities, the service running, put (whole, or a chunk from a strided view)/get/lookup/
-    invalidate with tiny deadlines; ``partial``: with ``partial_blocks`` (tails stored)."""
+    invalidate, paged put/get (vLLM flash caches through a shuffled block table, ``get_paged`` from
+    an engine's own prefix ``start`` too) with tiny deadlines; ``partial``: with
+    ``partial_blocks`` (tails stored)."""
     cfg = smol_config(
         [dram_tier(6 * BLOCK), nvme_tier(tmp_path, 8 * 512 * 1024, "512KiB"), pfs_tier(tmp_path, 16 * BLOCK)],
         scheduler={"policy": policy},
         partial_blocks=partial,
     )
-    counts = {"ops": 0, "cancelled": 0, "typed_errors": 0, "hits": 0, "tail_hits": 0}
+    counts = {"ops": 0, "cancelled": 0, "typed_errors": 0, "hits": 0, "tail_hits": 0, "paged_hits": 0}
     wrong: list[str] = []
     untyped: list[BaseException] = []
     async with serving(cfg) as kv:
         deadline = anyio.current_time() + seconds
+
+        async def paged_op(kv: TierKV, rng: random.Random, fam: int, n: int) -> None:
+            eb = PAGED.block_size
+            fam, n = fam % 4, max(BT, n // eb * eb)  # a few families: their paged blocks get hit
+            table = np.array(rng.sample(range(PAGED_BLOCKS), PAGED_BLOCKS), np.int64)
+            if rng.random() < 0.5:
+                await kv.put_paged(base_tokens(fam, n), paged_caches(base_kv(fam, n), table), table, layout=PAGED)
+                return
+            start = rng.choice([0, 0, rng.randrange(n // BT + 1) * BT])
+            dst = paged_caches(None, table)
+            g = await kv.get_paged(base_tokens(fam, n), dst, table, layout=PAGED, start=start)
+            if g.tokens > start:
+                counts["paged_hits"] += 1
+                want = paged_caches(base_kv(fam, g.tokens), table)
+                for j in range(start // eb, g.tokens // eb):
+                    for layer in range(len(dst)):
+                        if dst[layer][:, table[j]].tobytes() != want[layer][:, table[j]].tobytes():
+                            wrong.append(f"paged family {fam}, engine block {j}, layer {layer}")
+                for j in range(start // eb):  # the engine's own prefix is never written
+                    if (dst[0][:, table[j]] != -1.0).any():
+                        wrong.append(f"paged family {fam}: engine block {j} below start={start} written")
 
         async def worker(w: int) -> None:
             rng = random.Random(seed * 1000 + w)
@@ -178,10 +219,12 @@ async def run_random_workload(
                                 got = np.asarray(g.kv)[:, :, : g.tokens]
                                 if got.tobytes() != base_kv(fam, g.tokens).tobytes():
                                     wrong.append(f"family {fam}, {g.tokens} tokens")
-                        elif op < 0.95:
+                        elif op < 0.88:
                             await kv.lookup(base_tokens(fam, n))
-                        else:
+                        elif op < 0.9:
                             await kv.invalidate()
+                        else:  # paged: the family's whole engine blocks, then a get_paged into fresh caches
+                            await paged_op(kv, rng, fam, n)
                     counts["cancelled"] += scope.cancelled_caught
                 except TierKVError:
                     counts["typed_errors"] += 1
@@ -194,12 +237,13 @@ async def run_random_workload(
         assert untyped == [], untyped[:3]
         assert wrong == [], wrong[:3]
         assert kv.failed_jobs == 0
-    assert counts["cancelled"] > 0 and counts["hits"] > 0
+    assert counts["cancelled"] > 0 and counts["hits"] > 0 and counts["paged_hits"] > 0
     return counts
 
 
 @pytest.mark.parametrize(
-    ("policy", "partial"), [("lru", False), ("predictive", False), ("lru", True), ("predictive", True)]
+    ("policy", "partial"),
+    [("lru", False), ("predictive", False), ("lru", True), ("predictive", True), ("adaptive", False)],
 )
 async def test_random_concurrency_invariants(tmp_path: Path, policy: str, partial: bool) -> None:
     """With ``partial`` the store keeps tails too (``partial_blocks``): prompts of any length
