@@ -27,7 +27,9 @@ Every repetition measures, back to back, the reference and each operation:
 * ``put_paged`` / ``get_paged``: the same tokens held in vLLM flash-attention caches (per layer
   ``[2, num_blocks, 16, kv_heads, head_dim]`` torch CPU tensors, a shuffled block table) beside
   ``torch.index_select`` (gather into a pre-touched buffer) and ``index_copy_`` (scatter) of the
-  same engine blocks of every layer (ratio = torch time / tierkv time);
+  same engine blocks of every layer (ratio = torch time / tierkv time); ``put_paged, gaps``: the
+  same caches as equally spaced views of one buffer with a gap after each layer (stacked into
+  one strided view that is not C-contiguous);
 * ``pfs cold get``: ``get`` from a store with one pfs tier after its files left the page
   cache (``posix_fadvise(DONTNEED)`` on each), beside a single-threaded sequential read of the
   same files, cold too (ratio = read time / get time); ``pfs cold read, 8 threads`` reads the
@@ -193,7 +195,11 @@ async def bench_shape(name: str, n: int, reps: int) -> list[tuple[str, str, str,
         t8 = statistics.median(res["pfs cold read, 8 threads"])
         rows.append(("pfs cold read, 8 threads", f"{t8 * 1e3:.1f} ms", f"{r / t8:.2f}x", "(floor)", ""))
     if "put_paged" in res:
-        for k, ref in (("put_paged", "index_select"), ("get_paged", "index_copy_")):
+        for k, ref in (
+            ("put_paged", "index_select"),
+            ("put_paged, gaps", "index_select"),
+            ("get_paged", "index_copy_"),
+        ):
             t, r = statistics.median(res[k]), statistics.median(res[ref])
             rows.append((k, f"{t * 1e3:.1f} ms", f"{r / t:.2f}x", ">= 0.9x", ""))
     for k, target in (
@@ -233,6 +239,12 @@ async def paged(
     table = torch.from_numpy(np.random.default_rng(1).permutation(nb))
     for li, c in enumerate(caches):  # the engine's blocks, scattered over the cache by the table
         c.numpy()[:, table.numpy()] = src[li].reshape(2, nb, eb, heads, dim)
+    # the same caches as views of one buffer, equally spaced with a gap after each (per-layer tensors
+    # allocated one after another can be): tierkv stacks them into one strided view, not C-contiguous
+    spaced = torch.empty((layers, 2 * nb + 1, eb, heads, dim), dtype=torch.float16)
+    gapped = [spaced[li, : 2 * nb].view(2, nb, eb, heads, dim) for li in range(layers)]
+    for g, c in zip(gapped, caches, strict=True):
+        g.copy_(c)
     gathered = [torch.empty((2, nb, eb, heads, dim), dtype=torch.float16) for _ in range(layers)]
     out = [torch.zeros_like(c) for c in caches]
     layout = PagedLayout.named("vllm-flash", eb)
@@ -243,6 +255,8 @@ async def paged(
         )
         await kv.invalidate()
         add("put_paged", await atimed(lambda: kv.put_paged(tokens, caches, table, layout=layout)))
+        await kv.invalidate()
+        add("put_paged, gaps", await atimed(lambda: kv.put_paged(tokens, gapped, table, layout=layout)))
         add("index_copy_", timed(lambda: [o.index_copy_(1, table, g) for o, g in zip(out, gathered, strict=True)]))
         add("get_paged", await atimed(lambda: kv.get_paged(tokens, out, table, layout=layout)))
     assert all(torch.equal(o, c) for o, c in zip(out, caches, strict=True)), "get_paged returned other bytes"

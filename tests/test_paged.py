@@ -13,6 +13,7 @@ from kvtest import BT, config, kv_for, smol_config
 
 from tierkv import LAYOUTS, InputError, KVLayoutError, PagedLayout, TierKV
 from tierkv._paged import PagedCaches
+from tierkv.backend import Taken
 
 pytestmark = pytest.mark.anyio
 
@@ -51,8 +52,9 @@ def chunk_in_layout(kv: np.ndarray, layer: int, t0: int, t1: int, layout: PagedL
 def empty_caches(layers: int, layout: PagedLayout, sample: np.ndarray, storage: str = "apart") -> list[Any]:
     """Per layer one cache (or K, V pair) of NB engine blocks. ``storage``: ``apart`` (at
     irregular places: moved part by part), ``one buffer`` (equally spaced views of one array,
-    as vLLM allocates them: moved a block at a time across all layers) or ``one buffer,
-    reversed`` (the same views, layers in reverse)."""
+    as vLLM allocates them: moved a block at a time across all layers), ``one buffer,
+    reversed`` (the same views, layers in reverse) or ``one buffer, gaps`` (equally spaced
+    with a gap after each, as per-layer tensors allocated one after another can be)."""
     one = chunk_in_layout(sample, 0, 0, layout.block_size, layout)
     ax = layout.axes.index("block")
     shape = list(one[0].shape)
@@ -60,6 +62,8 @@ def empty_caches(layers: int, layout: PagedLayout, sample: np.ndarray, storage: 
     n = layers * len(one)
     # slots 0, 1, 3, 4, 6, 7, ... for "apart": never one arithmetic progression
     slot = [k + k // 2 for k in range(n)] if storage == "apart" else list(range(n))
+    if storage == "one buffer, gaps":  # equally spaced with a gap: stacked, not C-contiguous
+        slot = [2 * k for k in range(n)]
     if storage == "one buffer, reversed":
         slot.reverse()
     buf = np.full((max(slot) + 1, *shape), SENTINEL, np.float16)
@@ -118,7 +122,7 @@ def read_back(caches: list[Any], table: np.ndarray, layout: PagedLayout, n: int,
 CASES = [(name, eb) for name in sorted(LAYOUTS) for eb in (BT // 2, BT)]
 
 
-@pytest.mark.parametrize("storage", ["apart", "one buffer", "one buffer, reversed"])
+@pytest.mark.parametrize("storage", ["apart", "one buffer", "one buffer, reversed", "one buffer, gaps"])
 @pytest.mark.parametrize("tables", ["shuffled", "runs"])
 @pytest.mark.parametrize(("name", "eb"), CASES)
 async def test_round_trip_through_other_engine_blocks(
@@ -288,3 +292,32 @@ def test_paged_through_the_sync_facade(tmp_path: Path) -> None:
         later = empty_caches(30, layout, kv)
         assert store.get_paged(toks(), later, table, layout=layout, start=BT).tokens == (N // BT) * BT
         assert (later[0][0][table[0]] == SENTINEL).all() and not (later[0][0][table[2]] == SENTINEL).all()
+
+
+@pytest.mark.parametrize("order", ["C", "gaps", "reversed", "F"])
+@pytest.mark.parametrize("axis", [0, 1, 2])
+def test_taken_gathers_and_scatters_the_same_elements_from_any_strides(order: str, axis: int) -> None:
+    """``Taken`` gathers ``np.take``'s elements from C-contiguous arrays (np.take) and from any
+    other strides (index by index: np.take would copy such an array whole first), and
+    scatters them back to the same places."""
+    base = np.arange(2 * 7 * 6 * 5, dtype=np.float16).reshape(2 * 7, 6, 5)
+    arr = {
+        "C": base[:7],
+        "gaps": base[::2],
+        "reversed": base[::-2],
+        "F": np.asfortranarray(base[:7]),
+    }[order]
+    assert arr.flags.c_contiguous == (order == "C")
+    index = np.array([3, 0, 2, 2][: arr.shape[axis] - 1] if axis else [6, 1, 4, 0], np.int64)
+    t = Taken(arr, index, axis)
+    out = np.empty(t.shape, np.float16)
+    t.gather_into(out)
+    assert out.tobytes() == np.take(arr, index, axis=axis).tobytes()
+    dst = np.zeros_like(arr)
+    uniq = np.unique(index, return_index=True)[1]  # a scatter of a repeated id keeps one of them
+    Taken(dst, index[np.sort(uniq)], axis).scatter_from(np.take(out, np.sort(uniq), axis=axis))
+    want = np.zeros_like(arr)
+    sel: list[Any] = [slice(None)] * arr.ndim
+    sel[axis] = index
+    want[tuple(sel)] = np.take(arr, index, axis=axis)
+    assert dst.tobytes() == want.tobytes()

@@ -550,9 +550,18 @@ class Taken:
 
     def gather_into(self, out: np.ndarray[Any, Any]) -> None:
         """Copy the taken elements into ``out`` (an array of :attr:`shape`)."""
-        # ids checked at construction: "clip" never clips, and unlike "raise" does not
-        # buffer ``out`` (numpy copies through a temporary then)
-        np.take(self.array, self.index, axis=self.axis, out=out, mode="clip")
+        a = self.array
+        if a.flags.c_contiguous:
+            # ids checked at construction: "clip" never clips, and unlike "raise" does not
+            # buffer ``out`` (numpy copies through a temporary then)
+            np.take(a, self.index, axis=self.axis, out=out, mode="clip")
+            return
+        # np.take copies a non-contiguous array whole before it gathers (the layers of a paged
+        # cache stacked over the gaps between them: every layer of every block, per block);
+        # index by index instead, each a strided copy of only the taken elements
+        lead: tuple[Any, ...] = (slice(None),) * self.axis
+        for j, b in enumerate(self.index.tolist()):
+            np.copyto(out[(*lead, j)], a[(*lead, b)])
 
     def scatter_from(self, src: np.ndarray[Any, Any]) -> None:
         """Write ``src`` (an array of :attr:`shape`) back where the elements were taken from."""
