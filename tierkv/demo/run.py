@@ -16,7 +16,8 @@ What it does (progress lines go to stdout as it runs):
    from tierkv into a ``transformers`` cache (:func:`~tierkv.integrations.transformers.load_cache`:
    ``lookup`` + ``get`` straight into the cache's memory), then a prefill of the remaining tokens only.
    Time-to-first-token (TTFT) of each is the median of ``--runs`` runs (3 by default: the
-   machine is noisy); the cached TTFT includes the lookup and the fetch, and the placement work
+   machine is noisy), run in rounds of one recompute and one cached run, so that both see the
+   machine at the same speed (a 2-vCPU VM's drifts by tens of percent over a minute); the cached TTFT includes the lookup and the fetch, and the placement work
    a run's get queues (promotions, demotions) is drained, untimed, before the next run. The
    greedy tokens of both must be identical.
 4. A fresh process opens tierkv with ONLY the PFS tier on the same directory (warm start:
@@ -55,7 +56,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,10 +114,12 @@ async def _timed_cached_runs(
     runs: int,
     model: ModelThread,
     parts: dict[str, float] | None = None,
+    before_each: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[list[float], list[list[int]], int, tuple[str, ...], float]:
     """``runs`` times: load the prefix into a cache (lookup + get), then generate; returns TTFTs, token
     lists, prefix, tiers, fetch s. ``parts`` receives the medians of where the cached TTFT went
-    (``lookup_s``, ``get_s``, ``cache_s``, ``prefill_s``, ``prefill_tokens``)."""
+    (``lookup_s``, ``get_s``, ``cache_s``, ``prefill_s``, ``prefill_tokens``). ``before_each`` runs
+    (untimed here) before every run: the recompute baseline's run of the same round."""
     ttfts: list[float] = []
     outputs: list[list[int]] = []
     fetches: list[float] = []
@@ -124,6 +127,8 @@ async def _timed_cached_runs(
     prefix = 0
     tiers: tuple[str, ...] = ()
     for _ in range(runs):
+        if before_each is not None:
+            await before_each()
         start = time.perf_counter()
         hit = await load_cache(kv, loaded, followup)  # at most len(followup) - 1 tokens: one is prefilled
         fetched = time.perf_counter() - start
@@ -136,6 +141,8 @@ async def _timed_cached_runs(
         tokens, ttft = await model.run(gen)
         timings.update({"lookup_s": hit.lookup_s, "get_s": hit.get_s, "cache_s": hit.build_s})
         ttfts.append(fetched + ttft)
+        if before_each is not None:
+            say_runs([ttfts[-1]], "cached    ")
         fetches.append(fetched)
         outputs.append(tokens)
         for k, v in timings.items():
@@ -219,20 +226,19 @@ async def _run_demo(
     pfs_dir = Path(tempfile.mkdtemp(prefix="pfs-", dir=workdir))
     config = _tierkv_config(loaded, tier_list(pfs_dir, dram, dram_capacity), block_tokens)
 
-    # (a) recompute baseline
-    _say(f"(a) recompute: full prefill of the follow-up, {runs} runs ...")
     base_ttfts: list[float] = []
     base_outputs: list[list[int]] = []
-    for _ in range(runs):
+
+    async def recompute() -> None:
+        """(a) the baseline: a full prefill of the follow-up"""
         tokens, ttft = await model.run(lambda: generate_greedy(loaded, [followup], max_new_tokens=new_tokens))
         base_ttfts.append(ttft)
         base_outputs.append(tokens)
-        say_runs([ttft])
-    reference = base_outputs[0]
+        say_runs([ttft], "recompute ")
 
-    # (b) store the first prompt's KV, then answer the follow-up from tierkv
+    # store the first prompt's KV, then answer the follow-up (a) by recomputing it and (b) from tierkv
     async with await TierKV.open(config) as kv:
-        _say(f"(b) tierkv tiers: {[(t['name'], t.get('capacity')) for t in config['tiers']]}; PFS at {pfs_dir}")
+        _say(f"tierkv tiers: {[(t['name'], t.get('capacity')) for t in config['tiers']]}; PFS at {pfs_dir}")
         t0 = time.perf_counter()
         # what the first request computed: the prompt and its answer but the last token (never fed back);
         # stored as far as the follow-up repeats it (a chat template may re-tokenize the answer's end)
@@ -250,17 +256,20 @@ async def _run_demo(
         )
         lk = await kv.lookup(followup)
         _say(f"    lookup(follow-up): {lk.tokens} tokens stored; blocks per tier: {_count(lk.block_tiers)}")
-        _say(f"    cached: lookup + get + prefill of the rest, {runs} runs ...")
+        _say(
+            f"(a) recompute (a full prefill of the follow-up) and (b) cached (lookup + get + prefill of the rest),"
+            f" {runs} rounds of one each: side by side, as the machine's speed drifts ..."
+        )
         parts: dict[str, float] = {}
         c_ttfts, c_outputs, prefix, tiers_hit, fetch_s = await _timed_cached_runs(
-            kv, loaded, followup, new_tokens, runs, model, parts
+            kv, loaded, followup, new_tokens, runs, model, parts, before_each=recompute
         )
-        say_runs(c_ttfts)
         ckpt = await kv.checkpoint("demo")
         _say(
             f"    shutdown: checkpoint 'demo' makes {ckpt.blocks} blocks durable on {ckpt.tier}"
             f" ({ckpt.copied_bytes} bytes copied from faster tiers; the rest was already there)"
         )
+    reference = base_outputs[0]
     identical = all(o == reference for o in base_outputs + c_outputs)
     went_to = [(name, parts[key]) for name, key in _PARTS if key in parts]
     if "prefill_s" in parts:
