@@ -36,6 +36,16 @@ part): ``--until 0.4 --split 0.5`` evaluates on the tuning part alone (warm on t
 measure on 20%-40%), the only view a configuration may be tuned on. Capacities stay fractions of the
 *whole* trace's distinct blocks, so the cache sizes are the same as in the full replay.
 
+``--calibration`` (adds ``lab-tierkv`` when not named) records, at every block access of the ``lab-tierkv`` replays,
+the reuse probability the library's :class:`~tierkv.scheduler.ReusePredictor` gives the block's cell, and
+prints per capacity a reliability table over the measured part (predicted P(reuse within the predictor's
+horizon, 300 s) in deciles: count, mean predicted, observed frequency) with the Brier score
+(:mod:`tierkv.lab.calibration`). Two outcomes: ``reuse`` -- the block is accessed again within the
+horizon; ``training label`` -- again within the horizon *and* OPTgen credits that access (what an optimal
+cache of this size would have hit: what the lab's predictor is trained on). Accesses whose horizon passes the
+end of the (``--until``) trace unresolved are censored (left out, counted). With ``--json`` the document gets
+``calibration``: one entry per (capacity, outcome).
+
 When ``lru`` and ``belady`` are both replayed, every row also carries ``gap_closed``: the fraction of the
 LRU -> Belady prefix-hit-rate gap the policy closes at that capacity, ``(p - p_lru) / (p_belady - p_lru)``.
 
@@ -65,6 +75,7 @@ from typing import Any, TextIO
 
 from tierkv.scheduler._response import completion_time
 
+from .calibration import calibrate, format_calibration, reuse_outcomes
 from .policies import (
     ArcPolicy,
     BeladyPolicy,
@@ -408,6 +419,38 @@ def _metrics(
     return out
 
 
+def _calibrations(
+    trace: Trace, split_time: float, probes: dict[float, tuple[list[float], list[bool]]], horizon: float
+) -> list[dict[str, Any]]:
+    """Per probed capacity and outcome (``reuse``, ``training label``): the calibration over the measured part."""
+    first = next((i for i, t in enumerate(trace.times) if t >= split_time), len(trace.times))
+    skip = sum(len(b) for b in trace.blocks[:first])
+    plain = [o for row in reuse_outcomes(trace.times, trace.blocks, horizon)[first:] for o in row]
+    out: list[dict[str, Any]] = []
+    for f, (ps, credit) in sorted(probes.items()):
+        rows, k = [], 0
+        for b in trace.blocks:
+            rows.append(credit[k : k + len(b)])
+            k += len(b)
+        labelled = [o for row in reuse_outcomes(trace.times, trace.blocks, horizon, rows)[first:] for o in row]
+        measured = ps[skip:]
+        for outcome, obs in (("reuse", plain), ("training label", labelled)):
+            pairs = [(p, o) for p, o in zip(measured, obs, strict=True) if o is not None]
+            if not pairs:
+                continue
+            out.append(
+                {
+                    "policy": "lab-tierkv",
+                    "capacity_fraction": f,
+                    "outcome": outcome,
+                    "horizon_s": horizon,
+                    "censored": len(obs) - len(pairs),
+                    "table": calibrate([p for p, _ in pairs], [o for _, o in pairs]),
+                }
+            )
+    return out
+
+
 def _plot(results: list[dict[str, Any]], path: str, title: str) -> None:
     import matplotlib
 
@@ -470,6 +513,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--json", dest="json_out", default=None)
     ap.add_argument("--plot", default=None)
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument(
+        "--calibration", action="store_true", help="reliability table and Brier score of lab-tierkv's predictor"
+    )
     try:
         args = ap.parse_args(argv)
     except SystemExit as exc:
@@ -485,6 +531,8 @@ def main(argv: list[str]) -> int:
         names = [p.strip() for p in args.policies.split(",") if p.strip()]
         if args.ablations:
             names += [a for a in ABLATIONS if a not in names]
+        if args.calibration and "lab-tierkv" not in names:
+            names.append("lab-tierkv")
         for n in names:
             if n not in POLICIES and n not in EXTRA_POLICIES and n not in ABLATIONS:
                 raise ValueError(f"unknown policy {n!r}; known: {', '.join((*POLICIES, *EXTRA_POLICIES, *ABLATIONS))}")
@@ -508,11 +556,14 @@ def main(argv: list[str]) -> int:
     runs = len(names) * len(set(fractions) | set(cum))
     prog = _Progress(runs * len(trace.blocks), None if args.no_progress else sys.stderr)
     results: list[dict[str, Any]] = []
+    probes: dict[float, tuple[list[float], list[bool]]] = {}
     for name in names:
         cache_runs: dict[float, dict[str, Any]] = {}
         for f in [*fractions, *[c for c in cum if c not in fractions]]:
             cap = max(1, round(f * distinct))
             pol = make_policy(name, cap, trace, next_uses)
+            if args.calibration and name == "lab-tierkv" and f in fractions and isinstance(pol, TierKVPolicy):
+                pol.probe = probes[f] = ([], [])
             label = f"{name} @ {f * 100:.3g}%"
 
             def tick(n: int, lab: str = label) -> None:
@@ -564,6 +615,16 @@ def main(argv: list[str]) -> int:
         "results": results,
     }
     _table(results, sys.stdout)
+    if args.calibration:
+        cals = _calibrations(trace, split_time, probes, TierKVOptions().predictor_config.horizon_s)
+        doc["calibration"] = cals
+        for c in cals:
+            title = (
+                f"\ncalibration of lab-tierkv's reuse predictor @ {c['capacity_fraction'] * 100:.3g}%, outcome: "
+                f"{c['outcome']} within {c['horizon_s']:.0f} s ({c['censored']} censored accesses left out)"
+            )
+            sys.stdout.write(format_calibration(c["table"], title))
+            c["table"] = c["table"].to_dict()
     try:
         if args.json_out:
             Path(args.json_out).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")

@@ -202,6 +202,7 @@ class TierKVPolicy:
         "opts",
         "owner",
         "pred",
+        "probe",
         "reqs",
         "seq",
         "tau",
@@ -231,6 +232,10 @@ class TierKVPolicy:
         self.owner: dict[int, int] = {}  # block -> index of the request that touched it last
         self.reqs: dict[int, tuple[Sequence[int], float, int, int]] = {}  # uncompleted request -> (ids, t, key, cell)
         self.model = ResponseModel()
+        #: calibration probe (``tierkv replay --calibration``): when a pair of lists, every access appends the
+        #: predictor's reuse probability of its cell (before the tail/fanout/prefix adjustments of the key)
+        #: to the first and its OPTgen credit (True without OPTgen) to the second
+        self.probe: tuple[list[float], list[bool]] | None = None
         # adaptive tau (shared with the library: tierkv.scheduler._tau): the time term of each resident
         # block's key, kept to re-key the cache when tau changes
         st = self.opts.shadow_taus if self.opts.decay else ()
@@ -350,7 +355,13 @@ class TierKVPolicy:
             self.owner.update(zip(ids, repeat(seq, n), strict=False))
             kj = n - 2 if (tail_partial and n > 1) else n - 1
             self.reqs[seq] = (ids, now, ids[kj], cells[kj])
-        pred.observe_many(now, ids, cells, self.optgen.label(ids) if self.optgen is not None else None)
+        credit = self.optgen.label(ids) if self.optgen is not None else None
+        probe = self.probe
+        if probe is not None:
+            table = pred.table
+            probe[0].extend([table[c] for c in cells])
+            probe[1].extend(credit if credit is not None else repeat(True, n))
+        pred.observe_many(now, ids, cells, credit)
         order: Sequence[int] = range(n)
         if opts.prefix_tree:
             m = -math.inf
