@@ -64,7 +64,8 @@ switch costs nothing. On a workload whose features carry no reuse signal the sha
 score alike and the cache follows recency or an equivalent ranking.
 
 Response length (``TierKV.hint(response_tokens=N)``, :meth:`SchedulerState.respond`):
-when the engine reports the length of the answer to the most recent request, that
+when the engine reports the length of the answer to a request (``tokens=``: that
+request's latest ``put``/``get``; without: the most recent request), that
 request's blocks (those whose ``t_last`` is still the request's) get ``delta =
 (t_done - t_request) / tau + ResponseModel.adjustment(class)`` added to their
 priority (with the ``tau`` of the moment the priority is computed) -- the same re-keying as the replay lab's ``tierkv`` policy
@@ -79,6 +80,7 @@ import bisect
 import dataclasses
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -109,10 +111,27 @@ from .scheduler import (
     placement_value,
     size_bucket,
 )
+from .scheduler._importance import BlockImportance
 from .scheduler._predictor import BLOCK_TYPES as _BT
 from .scheduler._response import ResponseModel, response_class
 
-__all__ = ["DEFAULT_TIER_PERFORMANCE", "SchedulerState", "TierPerf", "shadow_id"]
+__all__ = ["DEFAULT_TIER_PERFORMANCE", "RequestRecord", "SchedulerState", "TierPerf", "shadow_id"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """The latest access of one request (its ``put``/``get``), as the per-request signals need it.
+
+    ``t_req``: the access time (its blocks carry ``t_last`` in ``[t_req, t_req + (blocks + 1) * 1e-6]``
+    until another access touches them); ``keys``: the block keys accessed, root first; ``key_block``,
+    ``key_cell``: the deepest block's predictor id and cell; ``answered``: a response length was
+    attributed to this access."""
+
+    t_req: float
+    keys: tuple[str, ...]
+    key_block: int
+    key_cell: int
+    answered: bool = False
 
 
 def shadow_id(key: str) -> int:
@@ -252,7 +271,14 @@ class SchedulerState:
         self.chain = ToolChain()
         self.prefetch_window: PrefetchWindow | None = None
         self.importance: HeadImportance | None = None
+        #: head importance per stored block (made with :attr:`importance` by the first attention report)
+        self.block_importance: BlockImportance | None = None
         self.transition: int | None = None
+        #: transition labels tied to a request (its id: see :meth:`note_request`), for its next access
+        self.transitions_for: OrderedDict[str, int] = OrderedDict()
+        #: the latest access of each request by id, and the id of the most recent request
+        self.requests: OrderedDict[str, RequestRecord] = OrderedDict()
+        self.last_request: str | None = None
         self.tool: str | None = None
         self.gate_decisions = {"fetch": 0, "recompute": 0, "probe": 0}
         self.dropped_jobs = 0
@@ -301,10 +327,14 @@ class SchedulerState:
         leading_seen: int,
         count: int,
         fanout: int,
+        transition: int | None = None,
     ) -> int:
-        """The predictor cell of one block access (caller labels win over derived ones)."""
+        """The predictor cell of one block access (caller labels win over derived ones; ``transition``,
+        a request's own label, wins over the untied :attr:`transition`)."""
         bt = label if label is not None else derive_block_type(position, position == prompt_blocks - 1, fanout)
-        tr = self.transition if self.transition is not None else derive_transition(leading_seen)
+        tr = transition if transition is not None else self.transition
+        if tr is None:
+            tr = derive_transition(leading_seen)
         ctx = bt * len(TRANSITIONS) + tr
         return cell_index(ctx, count_bucket(count), fanout_bucket(fanout), size_bucket(prompt_blocks, position))
 
@@ -366,18 +396,63 @@ class SchedulerState:
 
     _RESPONSE_MEMORY = 65_536  # completed requests whose adjustment is remembered
 
-    def respond(self, response_tokens: int) -> float | None:
-        """The answer to the most recent request (its blocks: the predictor's last batch) had
-        ``response_tokens`` tokens and is complete now. Learn from it and re-rank that request's blocks
-        (see the module docstring); return the priority delta, or None when there is no request to
-        attribute it to (none yet, or it was already answered)."""
-        pred = self.predictor
-        t_req, batch = pred.last_batch
-        if not batch or t_req <= self._resp_done_t:
+    _REQUEST_MEMORY = 65_536  # requests whose latest access is remembered (ids: note_request)
+    _TIED_MEMORY = 4_096  # pending transition labels tied to a request
+
+    def note_request(self, request: str, t_req: float, keys: Sequence[str], key_block: int, key_cell: int) -> None:
+        """Request ``request`` (an id: the hex key of the last whole block of its tokens) accessed the
+        blocks ``keys`` (root first) at ``t_req``; the deepest one is ``key_block`` in ``key_cell``.
+        It becomes the most recent request (what untied signals apply to)."""
+        self.requests[request] = RequestRecord(t_req, tuple(keys), key_block, key_cell)
+        self.requests.move_to_end(request)
+        self.last_request = request
+        while len(self.requests) > self._REQUEST_MEMORY:
+            self.requests.popitem(last=False)
+
+    def tie_transition(self, request: str, transition: int) -> None:
+        """Label the next access of request ``request`` (and no other) with ``transition``."""
+        self.transitions_for[request] = transition
+        self.transitions_for.move_to_end(request)
+        while len(self.transitions_for) > self._TIED_MEMORY:
+            self.transitions_for.popitem(last=False)
+
+    def take_transition(self, request: str | None) -> int | None:
+        """The transition label tied to ``request`` (consumed), or None."""
+        if request is None:
             return None
-        self._resp_done_t = t_req
+        return self.transitions_for.pop(request, None)
+
+    def respond(self, response_tokens: int, request: str | None = None) -> float | None:
+        """The answer to a request had ``response_tokens`` tokens and is complete now. Learn from it and
+        re-rank that request's blocks (see the module docstring); return the priority delta, or None when
+        it is not attributed (already answered; untied: no request yet).
+
+        ``request`` (an id, :meth:`note_request`): that request's latest access; InputError when it is
+        not remembered. None: the most recent request (the predictor's last batch), as before requests
+        had ids."""
+        pred = self.predictor
+        if request is None:
+            t_req, batch = pred.last_batch
+            if not batch or t_req <= self._resp_done_t:
+                return None
+            rid = self.last_request
+            last = self.requests.get(rid) if rid is not None else None
+            if rid is not None and last is not None and last.t_req == t_req:
+                if last.answered:
+                    return None
+                self.requests[rid] = dataclasses.replace(last, answered=True)
+            key_block, key_cell = batch[0]  # blocks are observed leaf first: the deepest block
+            blocks = len(batch)
+        else:
+            rec = self.requests.get(request)
+            if rec is None:
+                raise InputError("response_tokens: unknown request (no put/get of these tokens is remembered)")
+            if rec.answered:
+                return None
+            self.requests[request] = dataclasses.replace(rec, answered=True)
+            t_req, key_block, key_cell, blocks = rec.t_req, rec.key_block, rec.key_cell, len(rec.keys)
+        self._resp_done_t = max(self._resp_done_t, t_req)
         now = self.now()
-        key_block, key_cell = batch[0]  # blocks are observed leaf first: the deepest block
         cls = response_class(response_tokens)
         model = self.response
         model.advance(now, pred.last_reuse, pred.horizon)
@@ -385,11 +460,12 @@ class SchedulerState:
         if self.policy == "lru":
             return None
         adj, dt = model.adjustment(cls), max(0.0, now - t_req)
-        # the request's entries carry t_last = t_req + (n - i) * 1e-6 (TierKV._record_access)
-        self._resp_start.append(t_req)
-        self._resp_end.append(t_req + (len(batch) + 1) * 1e-6)
-        self._resp_adj.append(adj)
-        self._resp_dt.append(dt)
+        # the request's entries carry t_last = t_req + (n - i) * 1e-6 (Reader.record_access)
+        i = bisect.bisect_right(self._resp_start, t_req)
+        self._resp_start.insert(i, t_req)
+        self._resp_end.insert(i, t_req + (blocks + 1) * 1e-6)
+        self._resp_adj.insert(i, adj)
+        self._resp_dt.insert(i, dt)
         if len(self._resp_start) > 2 * self._RESPONSE_MEMORY:
             for lst in (self._resp_start, self._resp_end, self._resp_adj, self._resp_dt):
                 del lst[: self._RESPONSE_MEMORY]

@@ -372,6 +372,7 @@ class SyncTierKV:
         )
 
     def report_attention(self, layer: int, head_scores: Any, positions: Any, query_pos: int, **kw: Any) -> None:
+        """:meth:`TierKV.report_attention` (``layer_class``, ``tokens``, ``tenant``), run on the loop thread."""
         kv = self.aio
         self._call(lambda: kv.report_attention(layer, head_scores, positions, query_pos, **kw))
 

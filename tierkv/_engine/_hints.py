@@ -44,9 +44,17 @@ class Hints:
     ) -> None:
         """Tell the scheduler what the engine knows (never blocks, no I/O).
 
+        ``tokens`` (with ``tenant``, as given to ``put``/``get``) names the request a
+        ``transition``, ``decode_position`` or ``response_tokens`` is about; its id is the key
+        of the last whole block of those tokens, so the tied form is exact (another request,
+        even one sharing a prefix, is a different request). Without ``tokens`` a signal is
+        untied and applies as described for each field.
+
         * ``transition`` (``same_tool_repeat``, ``tool_switch``,
-          ``reasoning_step``, ``agent_handoff``) labels the next request's
-          blocks for the reuse predictor;
+          ``reasoning_step``, ``agent_handoff``) labels blocks for the reuse predictor:
+          with ``tokens``, those of the next ``put``/``get`` of exactly that request and
+          no other (the label waits for it; the 4,096 most recent such labels are kept);
+          without, those of the next request (``put`` or ``get``) whatever it is;
         * ``tool`` names the tool the agent calls now: the Markov chain counts
           the transition from the previous tool, and when it predicts the next
           tool with probability >= 0.5 the service reserves room in the fastest
@@ -55,18 +63,21 @@ class Hints:
           tool), and the head-importance multipliers are reset for the switch;
         * ``decode_position`` with ``tokens``: prefetch the blocks covering
           ``[n, n + w]`` (RoPE-aware window, see :meth:`prefetch`);
-        * ``response_tokens``: the engine has *finished* answering the most
-          recent request (``put``/``get``) with this many tokens. Call it at
-          completion, not before: the eviction ranking re-weights that request's
-          blocks by the learned reuse rate of its answer-length class and counts
+        * ``response_tokens``: the engine has *finished* answering a request with
+          this many tokens: with ``tokens``, that request's latest ``put``/``get``;
+          without, the most recent request. Call it at completion, not before: the
+          eviction ranking re-weights that access's blocks (those no later request
+          touched) by the learned reuse rate of its answer-length class and counts
           their recency from now (``SchedulerState.respond``; the replay lab's
-          ``tierkv`` policy does the same). Repeated calls for one request are
-          ignored.
+          ``tierkv`` policy does the same). Repeated calls for one access are ignored.
 
         Raises ConfigError for an unknown transition label; InputError (nothing changed)
         for a ``transition`` or ``tool`` that is not a non-empty string, a
         ``decode_position`` or ``response_tokens`` that is not an int >= 0, a
-        ``decode_position`` without ``tokens`` (or ``tokens`` without it), a bad tenant.
+        ``decode_position`` without ``tokens``, ``tokens`` without a signal to tie
+        (``transition``, ``decode_position``, ``response_tokens``) or shorter than one
+        block where a request id is needed, ``response_tokens`` for a request no
+        ``put``/``get`` is remembered of, a bad tenant.
         """
         sched = self.s.sched
         for field, value in (("transition", transition), ("tool", tool)):
@@ -77,16 +88,25 @@ class Hints:
                 raise InputError(f"hint decode_position: expected an int >= 0, got {decode_position!r}")
             if tokens is None:
                 raise InputError("hint decode_position: needs the request's tokens (tokens=...)")
-        if tokens is not None and decode_position is None:
-            raise InputError("hint tokens: only meaningful with decode_position")
+        if tokens is not None and decode_position is None and transition is None and response_tokens is None:
+            raise InputError("hint tokens: name the request of a transition, decode_position or response_tokens")
         if tenant is not None:
             self.s.scope_digest(tenant)  # validates it
+        if response_tokens is not None and (
+            isinstance(response_tokens, bool) or not isinstance(response_tokens, int) or response_tokens < 0
+        ):
+            raise InputError(f"response_tokens: expected an int >= 0, got {response_tokens!r}")
+        label = sched.transition_index(transition)  # validated before anything changes
+        rid = None
+        if tokens is not None and (transition is not None or response_tokens is not None):
+            rid = self.request_id(tokens, tenant)
         if response_tokens is not None:
-            if isinstance(response_tokens, bool) or not isinstance(response_tokens, int) or response_tokens < 0:
-                raise InputError(f"response_tokens: expected an int >= 0, got {response_tokens!r}")
-            sched.respond(response_tokens)
-        if transition is not None:
-            sched.transition = sched.transition_index(transition)
+            sched.respond(response_tokens, rid)  # raises (nothing changed) for an unknown request
+        if label is not None:
+            if rid is None:
+                sched.transition = label
+            else:
+                sched.tie_transition(rid, label)
         if tool is not None:
             prev = sched.tool
             if prev is not None:
@@ -100,13 +120,25 @@ class Hints:
                     self.s.service.submit(Reserve(reserve))
                 for key in self.s.tool_blocks.get(nxt, []):
                     self.s.service.submit(Promote(key, 0, prefetch=True))
-                if sched.importance is not None:
+                if sched.block_importance is not None:
+                    sched.block_importance.set_multipliers(None)
+                elif sched.importance is not None:
                     sched.importance.set_multipliers(None)
                 self.s.tel.decision(
                     "predicted_switch", {"tierkv.tool": tool, "tierkv.next_tool": nxt, "tierkv.probability": p}
                 )
         if decode_position is not None and tokens is not None:
             self.prefetch_keys(tokens, decode_position, tenant)
+
+    def request_id(self, tokens: object, tenant: str | None) -> str:
+        """The id of the request of ``tokens`` (and ``tenant``): the hex key of its last whole block,
+        as ``put``/``get`` record it. InputError for tokens shorter than one block, TokensError."""
+        _, keys, _ = self.s.keys(tokens, tenant)
+        if not keys:
+            raise InputError(
+                f"tokens: shorter than one block ({self.s.block_tokens} tokens): no request to tie the signal to"
+            )
+        return keys[-1].hex()
 
     def prefetch_keys(self, tokens: object, decode_position: int, tenant: str | None) -> list[str]:
         if isinstance(decode_position, bool) or not isinstance(decode_position, int) or decode_position < 0:
@@ -163,25 +195,74 @@ class Hints:
         query_pos: int,
         *,
         layer_class: str = "global",
+        tokens: object = None,
+        tenant: str | None = None,
     ) -> None:
         """Report one layer's attention statistics (``head_scores``: query heads x
-        attended positions) at decode position ``query_pos``: updates the
-        head-granular EMA importance and the prefetch window of ``layer_class``
-        (``"local"`` for sliding-window layers, ``"global"`` otherwise)."""
+        attended positions) at decode position ``query_pos``: updates the head importance
+        of the attended sequence's blocks and the prefetch window of ``layer_class``
+        (``"local"`` for sliding-window layers, ``"global"`` otherwise).
+
+        ``tokens`` (with ``tenant``, as given to ``put``/``get``) names the sequence: the
+        positions map to the blocks of its key chain that are stored, and only those
+        blocks' importance changes (an EMA per block, per layer and KV head: GQA takes the
+        max over a group's query heads, MLA one per layer; ``BlockImportance``); positions
+        past the stored prefix are left out. Without ``tokens`` the report applies to the
+        blocks of the most recent request (its latest ``put``/``get``) still stored, and
+        to none before any request. The eviction ranking adds each block's score, which
+        is at least that of its descendants (a parent never ranks below its child).
+
+        Raises InputError (nothing changed) for a layer out of range, ``head_scores`` not
+        (query heads, n) finite and >= 0, ``positions`` not (n,) ints >= 0 (with ``tokens``:
+        each < len(tokens)), a ``query_pos`` that is not an int >= 0, ``tokens`` of which
+        no block is stored (an unknown request); TokensError for bad tokens."""
         from ..scheduler import HeadImportance, attention_span
+        from ..scheduler._importance import BlockImportance
 
         sched = self.s.sched
         spec = self.s.spec
-        if sched.importance is None:
-            sched.importance = HeadImportance(
+        if isinstance(query_pos, bool) or not isinstance(query_pos, (int, np.integer)) or query_pos < 0:
+            raise InputError(f"report_attention query_pos: expected an int >= 0, got {query_pos!r}")
+        heads = sched.importance
+        if heads is None:
+            heads = HeadImportance(
                 spec.kv_layers,
                 spec.num_attention_heads,
                 spec.num_kv_heads,
                 block_tokens=self.s.block_tokens,
                 mla=spec.attention == "mla",
             )
-        sched.importance.report_attention(layer, head_scores, positions, query_pos)
+        heads.check_layer(layer)
+        if not isinstance(layer_class, str) or not layer_class:
+            raise InputError(f"report_attention layer_class: expected a non-empty string, got {layer_class!r}")
+        n_tokens = -1
+        if tokens is not None:
+            arr, keys, tid = self.s.keys(tokens, tenant)
+            entries, _ = self.s.index.walk(keys, tid)
+            if not entries:
+                raise InputError("report_attention tokens: unknown request (none of its blocks is stored)")
+            chain = [e.key for e in entries]
+            n_tokens = len(arr)
+        else:
+            rec = sched.requests.get(sched.last_request) if sched.last_request is not None else None
+            chain = []
+            for k in rec.keys if rec is not None else ():
+                if k not in self.s.index.entries:
+                    break
+                chain.append(k)
+        mass = heads.mass(head_scores, positions, int(query_pos), len(chain))  # validates (pure)
+        pos = np.asarray(positions, dtype=np.int64)
+        if n_tokens >= 0 and pos.size and int(pos.max()) >= n_tokens:
+            raise InputError(
+                f"report_attention positions: position {int(pos.max())} is past the request's {n_tokens} tokens"
+            )
+        span = attention_span(np.asarray(head_scores, dtype=np.float64).max(axis=0), pos, int(query_pos))
+        # validated: apply
+        sched.importance = heads
+        if chain:
+            if sched.block_importance is None:
+                sched.block_importance = BlockImportance(heads)
+            sched.block_importance.report(layer, mass, chain)
         if sched.prefetch_window is None:
             sched.prefetch_window = PrefetchWindow(self.s.block_tokens, min_window=self.s.block_tokens)
-        scores = np.asarray(head_scores).max(axis=0)
-        sched.prefetch_window.observe_span(layer_class, attention_span(scores, np.asarray(positions), query_pos))
+        sched.prefetch_window.observe_span(layer_class, span)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.lowlevel
@@ -53,7 +53,7 @@ class Mover:
     def __init__(self, s: Store) -> None:
         self.s = s
         self._tau = s.sched.tau_s
-        self._importance: Any = None
+        self._importance = -1  # the BlockImportance version the keys were computed with
 
     async def allocate_with_room(self, ti: int, key: str, nbytes: int, tag: bytes) -> Allocation:
         """Allocate ``nbytes`` for ``key`` on tier ``ti``, shedding its lowest-ranked blocks
@@ -93,14 +93,16 @@ class Mover:
     def rank_of(self, e: Entry) -> int:
         """The quantised eviction key of ``e`` (higher stays), computed when it is placed or
         accessed: ``ln P(reuse | cell) + t_last / tau`` (+ the answer-length delta), plus the
-        head-importance of its position when the engine reports attention, plus ln 4 for a
-        high-fanout prefix (a protected shared prefix). Under the LRU policy the order is the
-        tiers' recency lists and this key is not used."""
+        head importance of the block itself when the engine reported attention on a sequence
+        holding it (``BlockImportance.score``: at least its descendants', so parents keep
+        ranking at least as high), plus ln 4 for a high-fanout prefix (a protected shared
+        prefix). Under the LRU policy the order is the tiers' recency lists and this key is
+        not used."""
         sched = self.s.sched
         key = sched.priority(e.cell, e.t_last)
-        imp = self._importance
-        if imp is not None and e.pos < len(imp):
-            key += float(imp[e.pos])
+        imp = sched.block_importance
+        if imp is not None:
+            key += imp.score(e.key)
         if sched.protected(e.children):
             key += _LN4
         return quantize(key)
@@ -111,18 +113,29 @@ class Mover:
             e.rank = self.rank_of(e)
 
     def refresh_ranking(self) -> None:
-        """Re-key every resident block when what the keys depend on changed globally: the
-        adaptive ``tau`` switched (keys computed with different ``tau`` are not comparable)
-        or the engine reported attention (importance per position). O(resident), rare."""
+        """Re-key every resident block when what the keys depend on changed: the adaptive
+        ``tau`` switched (keys computed with different ``tau`` are not comparable) or the
+        engine reported attention (``BlockImportance.version``). O(resident log resident),
+        once per change, at the next access or eviction. Keys are recomputed, then raised
+        deepest first to their descendants' (a parent never ranks below a child)."""
         sched = self.s.sched
-        imp = sched.importance.block_scores() if sched.importance is not None else None
-        if sched.tau_s == self._tau and imp is self._importance:
+        imp = sched.block_importance
+        version = -1 if imp is None else imp.version
+        if sched.tau_s == self._tau and version == self._importance:
             return
-        self._tau, self._importance = sched.tau_s, imp
+        self._tau, self._importance = sched.tau_s, version
         if sched.policy == "lru":
             return
-        for e in self.s.index.entries.values():
+        index = self.s.index.entries
+        entries = list(index.values())
+        for e in entries:
             e.rank = self.rank_of(e)
+        entries.sort(key=lambda x: -x.pos)
+        for e in entries:
+            p = index.get(bytes(e.parent).hex())
+            if p is not None and p.rank < e.rank:
+                p.rank = e.rank
+        for e in entries:  # deepest first: among equal keys a child leaves before its parent
             t = self.s.tiers[e.tier]
             if t.queue.holds(e.row) and t.lru.has(e.row):
                 t.queue.set(e.row, e.rank)
@@ -133,6 +146,7 @@ class Mover:
         durable-only copies, oldest access first. Pinned blocks, blocks being relocated and
         (with ``tenant``) other tenants' blocks are passed over. Costs O(victims + passed
         over) per call, not O(tier): the ranking is kept up to date on access."""
+        self.refresh_ranking()  # attention reported since the last access re-keys first
         tier = self.s.tiers[ti]
         index = self.s.index
         cols = index.cols

@@ -184,7 +184,13 @@ class Reader:
                         self.s.service.submit(Promote(e.key, dst))
 
     def record_access(
-        self, entries: list[Entry], prompt_blocks: int, leading_seen: int, *, counted_from: int = 0
+        self,
+        entries: list[Entry],
+        prompt_blocks: int,
+        leading_seen: int,
+        *,
+        counted_from: int = 0,
+        request: str | None = None,
     ) -> None:
         """Feed the predictor with one request's blocks and re-rank them (synchronous).
 
@@ -192,8 +198,14 @@ class Reader:
         parent always ranks at least as high as its descendants. The first
         ``counted_from`` entries were already counted for this request (a chunk
         put's earlier blocks, read or stored by the same request): their recency
-        and rank are refreshed, no reuse is counted nor predicted for them."""
+        and rank are refreshed, no reuse is counted nor predicted for them.
+
+        ``request``: the request's id (the hex key of the last whole block of its tokens): a
+        transition label tied to it labels these blocks, and the access is remembered for the
+        signals tied to it (``SchedulerState.note_request``); an untied label applies to this
+        request and is then cleared."""
         sched = self.s.sched
+        tied = sched.take_transition(request)
         now = sched.now()
         pred = sched.predictor
         n = len(entries)
@@ -225,6 +237,7 @@ class Reader:
                 leading_seen=leading_seen,
                 count=e.count - 1,
                 fanout=e.children,
+                transition=tied,
             )
             e.p_pred = sched.p_reuse(e.cell)
             pred.observe(now, e.bid, e.cell)
@@ -236,8 +249,12 @@ class Reader:
                 floor = e.rank
             self.s.index.touch(e)
         pred.advance(now)
+        sched.transition = None  # an untied label applies to the next request only
+        if entries:
+            leaf = entries[-1]
+            sched.note_request(request or leaf.key, now, [e.key for e in entries], leaf.bid, leaf.cell)
         sched.end_request(now)
-        mover.refresh_ranking()  # the adaptive tau may have switched
+        mover.refresh_ranking()  # the adaptive tau may have switched, or importance changed
 
     async def read_blocks(self, entries: list[Entry], served: list[int]) -> list[memoryview | BaseException]:
         """Read every entry's bytes, batched per tier; a failure is returned in

@@ -506,17 +506,18 @@ class TierKV:
                     reason = "integrity"  # the forged entry is gone; the caller learns why the prefix ended
             tail = self._tail(arr, keys, entries, reason, tid, tenant) if tails else None
             tail_tokens = 0
+            rid = keys[-1].hex() if keys else None  # the request's id (Reader.record_access)
             if tail is not None:
                 tail_tokens = self._s.index.tail_tokens(tail)
                 entries = [*entries, tail]
             if skip and len(entries) <= skip:  # the stored prefix ends inside what the caller holds
-                self._s.reader.record_access(entries, len(keys), len(entries))
+                self._s.reader.record_access(entries, len(keys), len(entries), request=rid)
                 reason = (
                     self._s.index.miss_reason(arr, len(entries), reason, tid)[0] if len(entries) < len(keys) else ""
                 )
                 return GetResult(len(entries) * self._s.block_tokens, None, (), reason)
             with self._s.index.pinned(entries):
-                self._s.reader.record_access(entries, len(keys), len(entries))
+                self._s.reader.record_access(entries, len(keys), len(entries), request=rid)
                 result = await self._s.reader.admitted_fetch(
                     entries[skip:], len(keys) - skip, out, arr, reason, tid, tail_tokens
                 )
@@ -638,8 +639,12 @@ class TierKV:
         response_tokens: int | None = None,
     ) -> None:
         """Tell the scheduler what the engine knows (never blocks, no I/O); see
-        :meth:`Hints.hint` for each field. Raises ConfigError for an unknown transition
-        label, InputError for a bad argument (nothing changed)."""
+        :meth:`Hints.hint` for each field. ``tokens`` (and ``tenant``) tie a
+        ``transition``, ``decode_position`` or ``response_tokens`` to that request
+        (as given to ``put``/``get``); without them a label applies to the next request
+        and an answer length to the most recent one. Raises ConfigError for an unknown
+        transition label, InputError for a bad argument or an unknown request (nothing
+        changed)."""
         self._s.hints.hint(
             transition=transition,
             tool=tool,
@@ -664,10 +669,16 @@ class TierKV:
         query_pos: int,
         *,
         layer_class: str = "global",
+        tokens: object = None,
+        tenant: str | None = None,
     ) -> None:
         """Report one layer's attention statistics at decode position ``query_pos`` (see
-        :meth:`Hints.report_attention`)."""
-        self._s.hints.report_attention(layer, head_scores, positions, query_pos, layer_class=layer_class)
+        :meth:`Hints.report_attention`): with ``tokens`` (and ``tenant``) the importance of
+        that sequence's stored blocks alone changes; without, the most recent request's.
+        Raises InputError (nothing changed) for bad shapes or an unknown request."""
+        self._s.hints.report_attention(
+            layer, head_scores, positions, query_pos, layer_class=layer_class, tokens=tokens, tenant=tenant
+        )
 
     def stats(self) -> dict[str, TierStats]:
         """Per-tier accounting (no I/O)."""

@@ -162,11 +162,12 @@ class Writer:
                         sched.observe_ranked(shadow_id(keys[i].hex()), 0, now)
             # a chunk put (``start``): the blocks before it were read or stored by this request already
             counted = sum(1 for e in present[:first] if e is not None)
-            self.s.reader.record_access(entries, len(keys), existing, counted_from=counted)
+            self.s.reader.record_access(
+                entries, len(keys), existing, counted_from=counted, request=keys[-1].hex() if keys else None
+            )
             if block_type == "tool_context" and self.s.sched.tool is not None:
                 self.s.tool_blocks[self.s.sched.tool] = [k.hex() for k in keys]
                 self.s.sched.chain.observe_size(self.s.sched.tool, sum(e.nbytes for e in entries))
-            self.s.sched.transition = None  # a hint applies to the next request only
             self.s.tel.tenant_tokens.add(
                 (len(keys) - first) * bt + (covered - lead * bt), {"tenant": tid.hex(), "op": "put"}
             )

@@ -21,12 +21,14 @@ Pure numpy bookkeeping; not thread-safe.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
+from collections.abc import Sequence
 
 import numpy as np
 
 from ..errors import ConfigError, InputError
 
-__all__ = ["HeadImportance"]
+__all__ = ["BlockImportance", "HeadImportance"]
 
 
 class HeadImportance:
@@ -74,12 +76,11 @@ class HeadImportance:
         self._imp = np.zeros((layers, self.kv_heads, max_blocks), dtype=np.float64)
         self._mult = np.ones((layers, self.kv_heads), dtype=np.float64)
 
-    def report_attention(
-        self, layer: int, head_scores: np.ndarray, positions: np.ndarray, query_pos: int, recency: float = 1.0
-    ) -> None:
-        """Fold one report into the EMA (see the module docstring). ``InputError`` on bad shapes/values."""
-        if not 0 <= layer < self.layers:
-            raise InputError(f"layer {layer} out of range [0, {self.layers})")
+    def mass(self, head_scores: np.ndarray, positions: np.ndarray, query_pos: int, n_blocks: int) -> np.ndarray:
+        """The attention mass of one report per (KV head or latent, block) for blocks ``0 .. n_blocks - 1``
+        (shape ``(heads, n_blocks)``): normalised per query head, damped by distance, grouped over
+        architecture (GQA: max over a group's query heads; MLA: max over all). Positions past the last
+        block are left out. ``InputError`` on bad shapes/values (pure: changes nothing)."""
         s = np.asarray(head_scores, dtype=np.float64)
         pos = np.asarray(positions, dtype=np.int64)
         if s.ndim != 2 or s.shape[0] != self.query_heads or pos.shape != (s.shape[1],):
@@ -95,13 +96,29 @@ class HeadImportance:
         # group query heads -> KV heads (GQA: max), MLA: max over all
         g = s.reshape(self.kv_heads, -1, s.shape[1]).max(axis=1)
         blocks = pos // self.block_tokens
-        nb = self._imp.shape[2]
-        keep = blocks < nb
-        mass = np.zeros((self.kv_heads, nb))
+        keep = blocks < n_blocks
+        out = np.zeros((self.kv_heads, n_blocks))
         for h in range(self.kv_heads):
-            mass[h] = np.bincount(blocks[keep], weights=g[h, keep], minlength=nb)[:nb]
+            out[h] = np.bincount(blocks[keep], weights=g[h, keep], minlength=n_blocks)[:n_blocks]
+        return out
+
+    def check_layer(self, layer: int) -> None:
+        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < self.layers:
+            raise InputError(f"layer {layer!r} out of range [0, {self.layers})")
+
+    def report_attention(
+        self, layer: int, head_scores: np.ndarray, positions: np.ndarray, query_pos: int, recency: float = 1.0
+    ) -> None:
+        """Fold one report into the EMA (see the module docstring). ``InputError`` on bad shapes/values."""
+        self.check_layer(layer)
+        mass = self.mass(head_scores, positions, query_pos, self._imp.shape[2])
         w = self.weight
         self._imp[layer] = (1.0 - w) * self._imp[layer] * recency + w * mass
+
+    @property
+    def multipliers(self) -> np.ndarray:
+        """The per-(layer, head) multipliers (a view; see :meth:`set_multipliers`)."""
+        return self._mult
 
     def importance(self, layer: int, head: int, block: int) -> float:
         return float(self._imp[layer, head, block])
@@ -120,3 +137,112 @@ class HeadImportance:
         """Eviction score per block: sum over (layer, head) of weight x multiplier x importance (higher = keep)."""
         w = self._mult if head_weights is None else self._mult * np.asarray(head_weights, dtype=np.float64)
         return np.asarray(np.einsum("lh,lhb->b", w, self._imp))
+
+
+class BlockImportance:
+    """Head importance per stored block, keyed by the block's key (never by position across sequences).
+
+    Each key holds an EMA per (layer, KV head or latent), ``imp = (1 - w) * imp + w * mass``, where ``mass``
+    is that block's share of one layer's report aggregated by architecture (:meth:`HeadImportance.mass`:
+    GQA max over a group's query heads, MLA one entry per layer). A report names the key chain of the
+    sequence it is about (:meth:`report`); only that chain's blocks change, every other block keeps its
+    value. A block's *own* score is ``sum over (layer, head) of multiplier x imp``; its ranking
+    :meth:`score` is the max of the own scores of the block and of every block below it in the reported
+    chains, so ``score(parent) >= score(child)``: added to a ranking that keeps parents at least as high
+    as their descendants, it keeps that order (a prefix is useless without its ancestors).
+
+    Bounded: at most ``max_keys`` keys; the least recently reported are forgotten first (forgetting a
+    block only ever leaves its ancestors' scores higher). ``version`` changes with every change of a score.
+    Pure bookkeeping; not thread-safe.
+    """
+
+    __slots__ = ("_depth", "_eff", "_kids", "_own", "_parent", "heads", "max_keys", "version")
+
+    def __init__(self, heads: HeadImportance, *, max_keys: int = 65_536) -> None:
+        if max_keys < 1:
+            raise ConfigError("scheduler.importance.max_keys", max_keys, "an int >= 1")
+        self.heads = heads
+        self.max_keys = max_keys
+        self.version = 0
+        self._own: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._eff: dict[str, float] = {}
+        self._parent: dict[str, str | None] = {}
+        self._depth: dict[str, int] = {}
+        self._kids: dict[str, set[str]] = {}
+
+    def __len__(self) -> int:
+        return len(self._own)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._own
+
+    def score(self, key: str) -> float:
+        """The ranking score of block ``key`` (0 for a block never reported)."""
+        return self._eff.get(key, 0.0)
+
+    def own(self, key: str) -> np.ndarray | None:
+        """The block's EMA per (layer, head) (a copy), or None."""
+        a = self._own.get(key)
+        return None if a is None else a.copy()
+
+    def report(self, layer: int, mass: np.ndarray, chain: Sequence[str]) -> None:
+        """Fold one layer's ``mass`` (``(heads, len(chain))``, from :meth:`HeadImportance.mass`) into the
+        blocks of ``chain`` (the sequence's block keys, root first). ``InputError`` (nothing changed) on
+        a bad layer, a mismatched shape or an empty chain."""
+        h = self.heads
+        h.check_layer(layer)
+        m = np.asarray(mass, dtype=np.float64)
+        if not chain or m.shape != (h.kv_heads, len(chain)):
+            raise InputError(f"importance mass must be ({h.kv_heads}, {len(chain)}) for a chain of that many blocks")
+        w = h.weight
+        for i, k in enumerate(chain):
+            a = self._own.get(k)
+            if a is None:
+                a = self._own[k] = np.zeros((h.layers, h.kv_heads), dtype=np.float64)
+            else:
+                self._own.move_to_end(k)
+            a[layer] = (1.0 - w) * a[layer] + w * m[:, i]
+            self._link(k, chain[i - 1] if i else None, i)
+        for k in reversed(chain):  # leaf first: a parent's score takes its children's
+            self._eff[k] = self._score_of(k)
+        while len(self._own) > self.max_keys:
+            self._forget(next(iter(self._own)))
+        self.version += 1
+
+    def set_multipliers(self, multipliers: np.ndarray | None) -> None:
+        """:meth:`HeadImportance.set_multipliers`, then every score is recomputed."""
+        self.heads.set_multipliers(multipliers)
+        for k in sorted(self._own, key=lambda x: -self._depth[x]):
+            self._eff[k] = self._score_of(k)
+        self.version += 1
+
+    def _score_of(self, k: str) -> float:
+        own = float(np.sum(self.heads.multipliers * self._own[k]))
+        kids = self._kids.get(k)
+        if kids:
+            own = max(own, max(self._eff.get(c, 0.0) for c in kids))
+        return own
+
+    def _link(self, k: str, parent: str | None, depth: int) -> None:
+        old = self._parent.get(k, "")
+        if old != parent:
+            if old:
+                self._kids.get(old, set()).discard(k)
+            if parent is not None:
+                self._kids.setdefault(parent, set()).add(k)
+        self._parent[k] = parent
+        self._depth[k] = depth
+
+    def _forget(self, k: str) -> None:
+        del self._own[k]
+        self._eff.pop(k, None)
+        self._depth.pop(k, None)
+        p = self._parent.pop(k, None)
+        if p is not None:
+            kids = self._kids.get(p)
+            if kids is not None:
+                kids.discard(k)
+                if not kids:
+                    del self._kids[p]
+        for c in self._kids.pop(k, set()):
+            self._parent[c] = None
