@@ -72,7 +72,8 @@ class ModelThread:
 
     ``await run(fn)`` runs ``fn()`` there and returns its result (its exception is raised); calls
     are serialised. Cancelling the awaiting task does not stop a call already running (the thread
-    finishes it). :meth:`close` waits for the running call and stops the thread; idempotent."""
+    finishes it). :meth:`close` (or leaving ``with ModelThread() as model:``) waits for the running
+    call and stops the thread; idempotent."""
 
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tierkv-demo-model")
@@ -83,3 +84,9 @@ class ModelThread:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> ModelThread:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

