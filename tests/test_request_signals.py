@@ -3,6 +3,7 @@ they are about (``tokens=``), head importance per stored block, parents never be
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +94,27 @@ async def test_untied_report_applies_to_the_most_recent_request_only() -> None:
         imp = kv._sched.block_importance
         assert imp is not None
         assert all(k in imp for k in chain_keys(kv, b)) and all(k not in imp for k in chain_keys(kv, a))
+
+
+async def test_a_remembered_request_keeps_its_leaf_not_its_chain() -> None:
+    """The untied report finds the most recent request's blocks from its deepest block by parent
+    links; a remembered request holds no key list, and a chain broken meanwhile gets nothing."""
+    async with await TierKV.open(predictive()) as kv:
+        a = toks(1, 4)
+        await kv.put(a, kv_for(len(a), 1))
+        ka = chain_keys(kv, a)
+        rec = kv._sched.requests[ka[-1]]
+        assert (rec.leaf, rec.blocks) == (ka[-1], 4)
+        assert not any(isinstance(getattr(rec, f.name), (tuple, list)) for f in dataclasses.fields(rec))
+        assert [e.key for e in kv._s.index.chain_to(ka[-1], 4)] == ka
+        assert [e.key for e in kv._s.index.chain_to(ka[-1], 2)] == []  # not a whole chain within 2
+        assert [e.key for e in kv._s.index.chain_to(ka[1], 4)] == ka[:2]
+        del kv._index[ka[1]]  # a middle block gone: the leaf's chain is broken
+        assert kv._s.index.chain_to(ka[-1], 4) == []
+        s, pos = scores_on(0, 4)
+        kv.report_attention(0, s, pos, query_pos=len(a))  # untied: applies to no block
+        imp = kv._sched.block_importance
+        assert imp is None or all(k not in imp for k in ka)
 
 
 async def test_a_parent_never_ranks_below_its_attended_child() -> None:

@@ -123,12 +123,15 @@ class RequestRecord:
     """The latest access of one request (its ``put``/``get``), as the per-request signals need it.
 
     ``t_req``: the access time (its blocks carry ``t_last`` in ``[t_req, t_req + (blocks + 1) * 1e-6]``
-    until another access touches them); ``keys``: the block keys accessed, root first; ``key_block``,
-    ``key_cell``: the deepest block's predictor id and cell; ``answered``: a response length was
-    attributed to this access."""
+    until another access touches them); ``leaf``: the key of the deepest block accessed, ``blocks`` how
+    many blocks were accessed (the chain itself is not kept: :meth:`Index.chain_to
+    <tierkv._engine._index.Index.chain_to>` finds it from the leaf by parent links, so a remembered
+    request costs the same whatever its length); ``key_block``, ``key_cell``: the deepest block's
+    predictor id and cell; ``answered``: a response length was attributed to this access."""
 
     t_req: float
-    keys: tuple[str, ...]
+    leaf: str
+    blocks: int
     key_block: int
     key_cell: int
     answered: bool = False
@@ -399,11 +402,11 @@ class SchedulerState:
     _REQUEST_MEMORY = 65_536  # requests whose latest access is remembered (ids: note_request)
     _TIED_MEMORY = 4_096  # pending transition labels tied to a request
 
-    def note_request(self, request: str, t_req: float, keys: Sequence[str], key_block: int, key_cell: int) -> None:
-        """Request ``request`` (an id: the hex key of the last whole block of its tokens) accessed the
-        blocks ``keys`` (root first) at ``t_req``; the deepest one is ``key_block`` in ``key_cell``.
-        It becomes the most recent request (what untied signals apply to)."""
-        self.requests[request] = RequestRecord(t_req, tuple(keys), key_block, key_cell)
+    def note_request(self, request: str, t_req: float, leaf: str, blocks: int, key_block: int, key_cell: int) -> None:
+        """Request ``request`` (an id: the hex key of the last whole block of its tokens) accessed
+        ``blocks`` blocks at ``t_req``, the deepest one ``leaf`` (predictor id ``key_block`` in
+        ``key_cell``). It becomes the most recent request (what untied signals apply to)."""
+        self.requests[request] = RequestRecord(t_req, leaf, blocks, key_block, key_cell)
         self.requests.move_to_end(request)
         self.last_request = request
         while len(self.requests) > self._REQUEST_MEMORY:
@@ -450,7 +453,7 @@ class SchedulerState:
             if rec.answered:
                 return None
             self.requests[request] = dataclasses.replace(rec, answered=True)
-            t_req, key_block, key_cell, blocks = rec.t_req, rec.key_block, rec.key_cell, len(rec.keys)
+            t_req, key_block, key_cell, blocks = rec.t_req, rec.key_block, rec.key_cell, rec.blocks
         self._resp_done_t = max(self._resp_done_t, t_req)
         now = self.now()
         cls = response_class(response_tokens)

@@ -245,11 +245,8 @@ class Hints:
             n_tokens = len(arr)
         else:
             rec = sched.requests.get(sched.last_request) if sched.last_request is not None else None
-            chain = []
-            for k in rec.keys if rec is not None else ():
-                if k not in self.s.index.entries:
-                    break
-                chain.append(k)
+            found = self.s.index.chain_to(rec.leaf, rec.blocks) if rec is not None else []
+            chain = [e.key for e in found]
         mass = heads.mass(head_scores, positions, int(query_pos), len(chain))  # validates (pure)
         pos = np.asarray(positions, dtype=np.int64)
         if n_tokens >= 0 and pos.size and int(pos.max()) >= n_tokens:

@@ -309,6 +309,22 @@ class Index:
         if ti >= 0 and ti != e.tier:
             self.s.tiers[ti].back(e)
 
+    def chain_to(self, leaf: str, blocks: int) -> list[Entry]:
+        """The stored chain ending at block ``leaf``, root first, found by parent links: at most
+        ``blocks`` entries, and only a whole chain (from position 0, every ancestor stored). Empty
+        when ``leaf`` is not stored or an ancestor is missing (its descendants are useless alone)."""
+        c = self.cols
+        r = c.find(leaf)
+        out: list[Entry] = []
+        while r >= 0 and len(out) < blocks:
+            e = handle(c, r)
+            out.append(e)
+            if e.pos == 0:
+                out.reverse()
+                return out
+            r = self._parent_row(e.parent)
+        return []
+
     def walk(self, keys: list[bytes], tid: bytes) -> tuple[list[Entry], str]:
         """Index entries of the longest stored prefix and, if it ends early, why
         (:meth:`walk_rows`, with the entry object of each row)."""

@@ -252,7 +252,7 @@ class Reader:
         sched.transition = None  # an untied label applies to the next request only
         if entries:
             leaf = entries[-1]
-            sched.note_request(request or leaf.key, now, [e.key for e in entries], leaf.bid, leaf.cell)
+            sched.note_request(request or leaf.key, now, leaf.key, n, leaf.bid, leaf.cell)
         sched.end_request(now)
         mover.refresh_ranking()  # the adaptive tau may have switched, or importance changed
 
