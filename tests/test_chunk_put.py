@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kvtest import BT, config, kv_for
+from kvtest import BT, config, dram_tier, kv_for, smol_config
 
 from tierkv import InputError, KVLayoutError, TierKV
 
@@ -113,3 +113,64 @@ def test_chunk_put_through_the_sync_facade(tmp_path: Path) -> None:
         assert kv.get(toks()).kv.tobytes() == full.tobytes()
         with pytest.raises(InputError, match="start"):
             kv.put(toks(), full, start=3)
+
+
+def _evicted_after_parent(kv: TierKV) -> list[str]:
+    """Blocks the tier would evict after their parent (every stored parent/child pair)."""
+    kv._s.mover.refresh_ranking()
+    victims = [e.key for e in kv._s.mover.pick_victims(0, 1 << 62)]
+    at = {k: i for i, k in enumerate(victims)}
+    ix = kv._s.index.entries
+    return [
+        e.key for e in ix.values() if e.pos and (p := bytes(e.parent).hex()) in at and e.key in at and at[e.key] > at[p]
+    ]
+
+
+@pytest.mark.parametrize("policy", ["lru", "predictive", "adaptive"])
+async def test_chunk_puts_between_other_requests_leave_children_first(policy: str) -> None:
+    """A growing prefix stored a block at a time while other requests come and go: each new block
+    is placed just below its parent (not walked again: the parent was accessed just now), so the
+    tier still evicts every chain deepest first (equal keys too: a fresh store ranks everything
+    alike), under pressure too (a block stored after a gap,
+    ``start`` past an evicted parent, is stored as documented but never found)."""
+    n_blocks = 10
+    full = kv_for(n_blocks * BT, seed=6)
+    other = kv_for(2 * BT, seed=7)
+    cap = 8 * full[:, :, :BT].nbytes  # 8 blocks: the chain and the others cannot all stay
+    cfg = smol_config([dram_tier(cap)], scheduler={"policy": policy})
+    async with await TierKV.open(cfg) as kv:
+        seq = list(range(1, 1 + n_blocks * BT))
+        _, keys, _ = kv._s.keys(seq, None)
+        chain = [k.hex() for k in keys]
+        for b in range(1, n_blocks + 1):
+            m = b * BT
+            await kv.put(seq[:m], full[:, :, m - BT : m], start=m - BT)
+            assert _evicted_after_parent(kv) == []
+            await kv.put([b * 100_000 + i for i in range(2 * BT)], other)  # another request between
+            assert _evicted_after_parent(kv) == []
+            assert kv.invariant_violations() == []
+            stored = [k in kv._s.index.entries for k in chain[:b]]
+            lead = stored.index(False) if False in stored else b
+            assert (await kv.lookup(seq[:m])).tokens == lead * BT
+
+
+async def test_a_chunk_put_after_a_pause_refreshes_the_whole_prefix(tmp_path: Path) -> None:
+    """When the parent block was last accessed longer ago than ``CHUNK_REFRESH_S``, a chunk put
+    refreshes every earlier block (the request is accessing them again), as a whole put would."""
+    full = kv_for(N, seed=8)
+    async with await TierKV.open(config(tmp_path)) as kv:
+        clock = [100.0]
+        kv._sched.now = lambda: clock[0]  # type: ignore[method-assign]
+        await kv.put(toks(3 * BT), full[:, :, : 3 * BT])
+        by_pos = sorted(kv._s.index.entries.values(), key=lambda e: e.pos)
+        clock[0] += 0.5 * kv._s.reader.CHUNK_REFRESH_S  # soon after: the prefix is not touched again
+        await kv.put(toks(4 * BT), full[:, :, 3 * BT : 4 * BT], start=3 * BT)
+        assert [round(e.t_last) for e in by_pos] == [100] * 3
+        new = kv._s.index.entries[max(kv._s.index.entries.values(), key=lambda e: e.pos).key]
+        assert new.t_last < by_pos[-1].t_last  # placed below its parent
+        clock[0] += 2 * kv._s.reader.CHUNK_REFRESH_S  # after a pause: every earlier block refreshed
+        await kv.put(toks(5 * BT), full[:, :, 4 * BT : 5 * BT], start=4 * BT)
+        by_pos = sorted(kv._s.index.entries.values(), key=lambda e: e.pos)
+        assert all(e.t_last >= clock[0] for e in by_pos)
+        assert all(p.t_last > c.t_last for p, c in pairwise(by_pos))
+        assert [e.count for e in by_pos] == [1] * 5

@@ -273,7 +273,9 @@ class Index:
         return c.get("nbytes", c.nbytes, row)
 
     def touch(self, e: Entry) -> None:
-        """``e`` was accessed: most recently used on its serving tier, ranked by ``e.rank``."""
+        """``e`` was accessed: most recently used on its serving tier, ranked by ``e.rank`` (the
+        last of its key's FIFO: a request touches its blocks leaf first, so among equal keys a
+        child leaves before its parent)."""
         r = e.row
         if r < 0:
             return
@@ -281,7 +283,7 @@ class Index:
         if t.lru.has(r):
             t.lru.move_to_end(r)
             if t.ranked:
-                t.queue.set(r, e.rank)
+                t.queue.requeue(r, e.rank)
 
     @contextlib.contextmanager
     def pinned(self, entries: Sequence[Entry]) -> Iterator[None]:
@@ -308,6 +310,16 @@ class Index:
         e.backing = ti
         if ti >= 0 and ti != e.tier:
             self.s.tiers[ti].back(e)
+
+    def find_rows(self, keys: list[bytes]) -> list[int]:
+        """The row of every key (-1 where not indexed): probed as arrays past ``_WALK_BY_KEY``
+        binary keys (no per-key Python work), one by one below."""
+        c = self.cols
+        if len(keys) <= _WALK_BY_KEY or c.odd or set(map(len, keys)) != {32}:
+            return [c.find_binary(k) if len(k) == 32 else c.find(k.hex()) for k in keys]
+        kb = np.frombuffer(b"".join(keys), dtype="<u8").reshape(len(keys), 4)
+        rows: list[int] = c.find_many(kb).tolist()
+        return rows
 
     def chain_to(self, leaf: str, blocks: int) -> list[Entry]:
         """The stored chain ending at block ``leaf``, root first, found by parent links: at most

@@ -138,7 +138,7 @@ class Mover:
         for e in entries:  # deepest first: among equal keys a child leaves before its parent
             t = self.s.tiers[e.tier]
             if t.queue.holds(e.row) and t.lru.has(e.row):
-                t.queue.set(e.row, e.rank)
+                t.queue.requeue(e.row, e.rank)
 
     def pick_victims(self, ti: int, need: int, tenant: bytes | None = None) -> list[Entry]:
         """Tier ``ti``'s blocks that should leave it first, until ``need`` bytes: the least

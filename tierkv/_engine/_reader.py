@@ -183,6 +183,10 @@ class Reader:
                     if dst is not None:
                         self.s.service.submit(Promote(e.key, dst))
 
+    #: a chunk put whose parent block was accessed at most this long ago (scheduler clock)
+    #: continues that access (:meth:`record_chunk`): its earlier blocks are not refreshed again
+    CHUNK_REFRESH_S = 1.0
+
     def record_access(
         self,
         entries: list[Entry],
@@ -207,9 +211,7 @@ class Reader:
         sched = self.s.sched
         tied = sched.take_transition(request)
         now = sched.now()
-        pred = sched.predictor
         n = len(entries)
-        tel = self.s.tel
         mover = self.s.mover
         ranked = sched.policy != "lru"
         floor = -(1 << 62)  # parents never rank below their descendants (a child is useless alone)
@@ -219,42 +221,82 @@ class Reader:
                 e.t_last = now + (n - i) * 1e-6
                 if ranked:
                     mover.rerank(e)
-                    if e.rank < floor:
-                        e.rank = floor
-                    floor = e.rank
-                self.s.index.touch(e)
-                continue
-            if e.count and tel.enabled:  # resolve the previous prediction: reused within the horizon?
-                reused = now - e.t_last <= pred.horizon
-                tel.calibration.add(1, {"bin": pbin(e.p_pred), "outcome": "reused" if reused else "not_reused"})
-            hit = e.count > 0  # held before this request (a block stored by this put has count 0)
-            e.count += 1
-            e.t_last = now + (n - i) * 1e-6
-            e.cell = sched.cell(
-                label=e.label,
-                position=e.pos,
-                prompt_blocks=prompt_blocks,
-                leading_seen=leading_seen,
-                count=e.count - 1,
-                fanout=e.children,
-                transition=tied,
-            )
-            e.p_pred = sched.p_reuse(e.cell)
-            pred.observe(now, e.bid, e.cell)
-            sched.observe_ranked(shadow_id(e.key), e.cell, now, e.children, hit)
+            else:
+                self._observe(e, now, now + (n - i) * 1e-6, prompt_blocks, leading_seen, tied)
             if ranked:
-                mover.rerank(e)
                 if e.rank < floor:
                     e.rank = floor
                 floor = e.rank
             self.s.index.touch(e)
-        pred.advance(now)
+        self._end_access(entries[-1] if entries else None, n, now, request)
+
+    def record_chunk(
+        self, parent: Entry, entries: list[Entry], prompt_blocks: int, leading_seen: int, *, request: str | None
+    ) -> None:
+        """:meth:`record_access` of a chunk put's blocks ``entries`` (root first) that continue a
+        chain whose blocks up to ``parent`` were accessed at most :attr:`CHUNK_REFRESH_S` ago
+        (every access of a block accesses its ancestors too): the earlier blocks are not refreshed
+        again, so the cost is the new blocks', not the prefix's. The new blocks are placed as a
+        full refresh would order them: just below their parent in recency (the deepest is the
+        least recent) and ranked at most as high as it (a parent never ranks below a
+        descendant; equal keys: the child leaves first). Synchronous."""
+        sched = self.s.sched
+        tied = sched.take_transition(request)
+        now = sched.now()
+        ranked = sched.policy != "lru"
+        index, tiers = self.s.index, self.s.tiers
+        for k in range(len(entries) - 1, -1, -1):  # observed leaf first, as record_access does
+            self._observe(entries[k], now, parent.t_last - (k + 1) * 1e-6, prompt_blocks, leading_seen, tied)
+        above = parent
+        for e in entries:
+            if ranked and e.rank > above.rank:
+                e.rank = above.rank
+            index.touch(e)
+            if e.tier == above.tier and e.row >= 0 and above.row >= 0:
+                t = tiers[e.tier]
+                if t.lru.has(e.row) and t.lru.has(above.row):
+                    t.lru.move_before(e.row, above.row)
+                    if t.ranked:
+                        t.queue.set_before(e.row, e.rank, above.row)
+            above = e
+        self._end_access(entries[-1] if entries else parent, prompt_blocks, now, request)
+
+    def _observe(
+        self, e: Entry, now: float, t_last: float, prompt_blocks: int, leading_seen: int, tied: int | None
+    ) -> None:
+        """One block of a request, not yet counted for it: resolve its previous prediction, count
+        it, place it in its predictor cell at ``t_last``, feed the shadows and re-key it."""
+        sched = self.s.sched
+        pred = sched.predictor
+        tel = self.s.tel
+        if e.count and tel.enabled:  # resolve the previous prediction: reused within the horizon?
+            reused = now - e.t_last <= pred.horizon
+            tel.calibration.add(1, {"bin": pbin(e.p_pred), "outcome": "reused" if reused else "not_reused"})
+        hit = e.count > 0  # held before this request (a block stored by this put has count 0)
+        e.count += 1
+        e.t_last = t_last
+        e.cell = sched.cell(
+            label=e.label,
+            position=e.pos,
+            prompt_blocks=prompt_blocks,
+            leading_seen=leading_seen,
+            count=e.count - 1,
+            fanout=e.children,
+            transition=tied,
+        )
+        e.p_pred = sched.p_reuse(e.cell)
+        pred.observe(now, e.bid, e.cell)
+        sched.observe_ranked(shadow_id(e.key), e.cell, now, e.children, hit)
+        self.s.mover.rerank(e)
+
+    def _end_access(self, leaf: Entry | None, blocks: int, now: float, request: str | None) -> None:
+        sched = self.s.sched
+        sched.predictor.advance(now)
         sched.transition = None  # an untied label applies to the next request only
-        if entries:
-            leaf = entries[-1]
-            sched.note_request(request or leaf.key, now, leaf.key, n, leaf.bid, leaf.cell)
+        if leaf is not None:
+            sched.note_request(request or leaf.key, now, leaf.key, blocks, leaf.bid, leaf.cell)
         sched.end_request(now)
-        mover.refresh_ranking()  # the adaptive tau may have switched, or importance changed
+        self.s.mover.refresh_ranking()  # the adaptive tau may have switched, or importance changed
 
     async def read_blocks(self, entries: list[Entry], served: list[int]) -> list[memoryview | BaseException]:
         """Read every entry's bytes, batched per tier; a failure is returned in

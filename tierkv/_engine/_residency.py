@@ -118,6 +118,23 @@ class Recency:
             self.unlink(row)
             self.link(row)
 
+    def move_before(self, row: int, ref: int) -> None:
+        """Put ``row`` just before ``ref`` (less recently used than it); both in this list."""
+        if row == ref:
+            return
+        c = self._c
+        self.unlink(row)
+        p = c.lprev[ref]
+        c.lt[row] = self._ti
+        c.lprev[row], c.lnext[row] = p, ref
+        c.lprev[ref] = row
+        if p >= 0:
+            c.lnext[p] = row
+        else:
+            self.head = row
+        self.n += 1
+        self.ver += 1
+
 
 class Backed:
     """A tier's durable-only copies (rows whose ``bt`` column names it; a row backed on a
@@ -252,6 +269,31 @@ class RankQueue:
             c.qprev[row] = t
             c.qnext[row] = h
             c.qprev[h] = row
+        self.n += 1
+
+    def requeue(self, row: int, q: int) -> None:
+        """:meth:`set` ``row`` to key ``q`` at the end of that key's FIFO even when its key is
+        unchanged (an accessed block leaves after the blocks of its key that were not)."""
+        self.discard(row)
+        self.set(row, q)
+
+    def set_before(self, row: int, q: int, ref: int) -> None:
+        """:meth:`set` ``row`` to key ``q``; when ``ref`` is queued with the same key, ``row``
+        goes just before it in that key's FIFO (it leaves first), not at the end."""
+        c = self._c
+        if row == ref or c.qprev[ref] == _NOT_QUEUED or c.qkey[ref] != q:
+            self.set(row, q)
+            return
+        self.discard(row)
+        c.qkey[row] = q
+        t = c.qprev[ref]
+        c.qnext[t] = row
+        c.qprev[row] = t
+        c.qnext[row] = ref
+        c.qprev[ref] = row
+        i = self._find(q)
+        if self._heads[i] == ref:
+            self._heads[i] = row
         self.n += 1
 
     def discard(self, row: int) -> None:

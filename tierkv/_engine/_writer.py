@@ -27,11 +27,13 @@ from .._scheduling import shadow_id
 from ..backend import SupportsArrayIO, SupportsDeviceIO
 from ..errors import InputError, TierUnavailableError
 from ._durable import BlockData, flat, nbytes_of
+from ._entry import handle
 from ._results import PutResult
 from ._service import Rebalance
 from ._tags import ZERO32, checksum, pack_tag, root_of
 
 if TYPE_CHECKING:
+    from ._entry import Entry
     from ._store import Store
 
 __all__ = ["Writer"]
@@ -134,17 +136,33 @@ class Writer:
                     if placed_e is not None and self.s.tiers[placed_e.tier].name not in tiers_used:
                         tiers_used.append(self.s.tiers[placed_e.tier].name)
                 await anyio.lowlevel.checkpoint_if_cancelled()
-            present = [self.s.index.entries.get(k.hex()) for k in keys]
+            index = self.s.index
+            head = index.find_rows(keys[:first])  # the blocks before ``start``, as arrays when many
             # with ``start``: the stored prefix ends at the first block before it that is missing
-            lead = next((i for i in range(first) if present[i] is None), len(keys))
-            entries = [e for e in present if e is not None]
+            lead = head.index(-1) if -1 in head else len(keys)
+            new_entries = [index.entries.get(k.hex()) for k in keys[first:]]
+            above = handle(index.cols, head[-1]) if head and lead == len(keys) else None
+            chunk = (
+                above is not None
+                and self.s.sched.now() - above.t_last <= self.s.reader.CHUNK_REFRESH_S
+                and not (block_type == "tool_context" and self.s.sched.tool is not None)
+            )
+            fresh = [e for e in new_entries if e is not None]  # (and the tail, below)
+            entries: list[Entry]
+            if chunk and above is not None:  # the prefix up to ``start`` was accessed just now: not walked again
+                present: list[Entry | None] = [*([above] * first), *new_entries]
+                entries = [above] * first + fresh
+            else:
+                present = [handle(index.cols, r) if r >= 0 else None for r in head] + new_entries
+                entries = [e for e in present if e is not None]
             covered = lead * bt
-            if tail_block is not None and tail and lead == len(keys) and all(e is not None for e in present):
+            if tail_block is not None and tail and lead == len(keys) and None not in new_entries:
                 placed_tail, tail_e = await self._put_tail(
                     arr_tokens, keys, tid, tail, tail_block, seed, checked, direct, durable, label
                 )
                 if tail_e is not None:
                     entries.append(tail_e)
+                    fresh.append(tail_e)
                     covered += tail
                     tail = 0
                     if placed_tail:
@@ -161,10 +179,12 @@ class Writer:
                     if present[i] is None:
                         sched.observe_ranked(shadow_id(keys[i].hex()), 0, now)
             # a chunk put (``start``): the blocks before it were read or stored by this request already
-            counted = sum(1 for e in present[:first] if e is not None)
-            self.s.reader.record_access(
-                entries, len(keys), existing, counted_from=counted, request=keys[-1].hex() if keys else None
-            )
+            request = keys[-1].hex() if keys else None
+            if chunk and above is not None:
+                self.s.reader.record_chunk(above, fresh, len(keys), existing, request=request)
+            else:
+                counted = sum(1 for e in present[:first] if e is not None)
+                self.s.reader.record_access(entries, len(keys), existing, counted_from=counted, request=request)
             if block_type == "tool_context" and self.s.sched.tool is not None:
                 self.s.tool_blocks[self.s.sched.tool] = [k.hex() for k in keys]
                 self.s.sched.chain.observe_size(self.s.sched.tool, sum(e.nbytes for e in entries))
