@@ -256,3 +256,39 @@ async def test_hint_decode_position_uses_the_plan_and_reports_refine_the_span(tm
         assert in_dram((await kv.lookup(toks)).block_tiers) == {11, 12, 13, 14, 15}
     finally:
         await kv.aclose()
+
+
+def test_fill_reach_appends_the_rest_of_the_reach_before_the_lookahead() -> None:
+    p = PrefetchPlanner(BT, layer_classes(GLOBAL), default_span=2 * BT)
+    plan = p.plan(6 * BT, 8, fill_reach=True)
+    assert plan.order == (0, 5, 4, 3, 2, 1, 6, 7) and plan.layers == (4, 4, 4, 0, 0, 0, 0, 0)
+    # a sliding-only model: the reach ends at the window, the excluded blocks stay out
+    ps = PrefetchPlanner(BT, layer_classes(SLIDING))
+    ps.observe_span("local", BT)
+    sp = ps.plan(10 * BT, 10, fill_reach=True)
+    assert sp.order == (9, 8, 7) and not set(sp.order) & sp.excluded
+
+
+def test_the_replay_lab_counts_what_its_policies_do() -> None:
+    from tierkv.lab.prefetch_eval import POLICIES, Workload, gemma_like_spec, needed_loads, simulate, synth_positions
+
+    w = Workload(sessions=6, requests=60, min_blocks=4, max_blocks=12)
+    spec = gemma_like_spec(window=512)
+    out = {pol: simulate(spec, w, 24, pol, seed=3) for pol in POLICIES}
+    assert out["none"].promoted_gib == 0 and out["none"].wasted == 0
+    assert all(0 <= r.hit <= 1 and 0 <= r.wasted <= 1 for r in out.values())
+    assert out["rope"].promoted_gib > 0
+    assert simulate(spec, w, 24, "rope", seed=3) == out["rope"]  # deterministic for a seed
+    # ground truth of a sliding-only model: nothing before the window of the first decode position
+    sliding = ModelSpec(
+        name="s", num_layers=2, num_attention_heads=2, num_kv_heads=2, head_dim=8, attention="mha",
+        layer_types=("sliding_attention",) * 2, sliding_window=512,
+    )  # fmt: skip
+    reqs, imp = synth_positions(w, 3)
+    for r in reqs:
+        need = needed_loads(r, layer_classes(sliding), w, imp[r.session], "dense")
+        assert min(need) >= max(0, r.n - 512) // w.block_tokens
+    with pytest.raises(InputError, match="policy"):
+        simulate(spec, w, 24, "bogus", seed=0)
+    with pytest.raises(InputError, match="reads"):
+        simulate(spec, w, 24, "rope", seed=0, reads="half")

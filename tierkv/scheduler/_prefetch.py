@@ -48,6 +48,9 @@ rank within a needing class (sinks first, then nearest to ``n``, then by importa
 After them come the **lookahead** blocks: stored blocks wholly at or past ``n`` (a resumed prefix the
 engine loads next as the decode moves on), in position order. The list holds only blocks in
 ``stored`` (all blocks when ``None``) and at most ``budget`` of them: the cut drops the least urgent.
+With ``fill_reach`` the rest of the reach (stored blocks some class can attend to but none needs),
+nearest to ``n`` first, comes between the needed blocks and the lookahead: a dense engine reads them at
+``n``, sooner than the lookahead.
 
 Pure computation; :class:`PrefetchWindow` and :class:`PrefetchPlanner` keep mutable EMAs (not
 thread-safe: the library calls them from the event loop only).
@@ -283,10 +286,14 @@ class PrefetchPlanner:
         stored: Collection[int] | None = None,
         importance: Sequence[float] | np.ndarray | None = None,
         budget: int | None = None,
+        fill_reach: bool = False,
     ) -> PrefetchPlan:
         """The plan at decode position ``n`` for a sequence of ``total_blocks`` blocks, of which those in
         ``stored`` (indices; all when None) exist. ``importance``: a score per block index (length
-        ``total_blocks``, finite, >= 0) or None; ``budget``: at most this many blocks in ``order``.
+        ``total_blocks``, finite, >= 0) or None; ``budget``: at most this many blocks in ``order``;
+        ``fill_reach``: after the needed blocks (before the lookahead), the other stored blocks in
+        some class's reach, nearest to ``n`` first (their ``layers`` entry is 0): for an engine whose
+        global layers read every block (dense attention), not only those holding the mass.
 
         Raises InputError naming the argument for an ``n``, ``total_blocks`` or ``budget`` that is not
         an int >= 0, an ``importance`` of another length or with a negative or non-finite score."""
@@ -338,6 +345,9 @@ class PrefetchPlanner:
                     need(i, c, rank)
                     rank += 1
         needed = sorted(need_layers, key=lambda i: (-need_layers[i], best_rank[i], i))
+        if fill_reach:  # the rest of the reach, nearest first: what a dense engine reads too
+            reach_lo = 0 if any(c.window is None for c in self.classes) else cut
+            needed += [i for i in range(before - 1, reach_lo - 1, -1) if i in have and i not in need_layers]
         ahead = [i for i in range(before, total) if i in have]
         order = needed + ahead
         if cap is not None:
