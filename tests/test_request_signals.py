@@ -233,7 +233,7 @@ async def test_bad_request_signals_raise_and_change_nothing() -> None:
         imp = sched.block_importance
         assert imp is not None
         version, before = imp.version, ranks(kv, chain_keys(kv, a))
-        window = dict(sched.prefetch_window._span) if sched.prefetch_window is not None else None
+        window = dict(sched.prefetch_planner.spans._span) if sched.prefetch_planner is not None else None
         unknown = toks(9, 2)
         bad: list[tuple[tuple[Any, ...], dict[str, Any], str]] = [
             ((0, s, pos, len(a)), {"tokens": unknown}, "unknown request"),
@@ -249,7 +249,7 @@ async def test_bad_request_signals_raise_and_change_nothing() -> None:
             with pytest.raises(InputError, match=match):
                 kv.report_attention(*args, **kw)
         assert imp.version == version and ranks(kv, chain_keys(kv, a)) == before
-        assert (dict(sched.prefetch_window._span) if sched.prefetch_window is not None else None) == window
+        assert (dict(sched.prefetch_planner.spans._span) if sched.prefetch_planner is not None else None) == window
         with pytest.raises(InputError, match="unknown request"):
             kv.hint(response_tokens=3, tokens=unknown)
         with pytest.raises(InputError, match="shorter than one block"):

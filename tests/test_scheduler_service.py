@@ -88,21 +88,22 @@ async def test_a_prefix_larger_than_dram_is_not_swapped_back_and_forth(tmp_path:
 
 async def test_prefetch_promotes_the_rope_window(tmp_path: Path) -> None:
     async with await TierKV.open(config(tmp_path)) as kv:
-        toks = list(range(64))
-        await kv.put(toks, kv_for(64), durable=True)
+        toks = list(range(12 * BT))
+        await kv.put(toks, kv_for(12 * BT), durable=True)
         # move everything to PFS by hand: drop the DRAM copies (the durable copies stay)
         for e in list(kv._index.values()):
             await kv._s.mover.demote_to_backing(e)
         assert (await kv.lookup(toks)).tiers == ("pfs",)
-        n = await kv.prefetch(toks, decode_position=17)  # blocks covering [17, 17 + w]
-        assert n >= 1
+        # every layer of the model is global: the sink (block 0), the recent span (4 blocks by
+        # default: 5..8) and the stored blocks past the position (9..11)
+        n = await kv.prefetch(toks, decode_position=9 * BT)
+        assert n == 8
         # with the service running the promotions happen in the background
         await wait_for(lambda: kv.prefetch_stats["issued"] == n)
         lk = await kv.lookup(toks)
-        assert lk.block_tiers[0] == "pfs" and lk.block_tiers[1] == "dram"
-        assert kv.prefetch_stats["issued"] == n
+        assert [t == "dram" for t in lk.block_tiers] == [True] + [False] * 4 + [True] * 7
         g = await kv.get(toks)
-        assert g.kv.tobytes() == kv_for(64).tobytes()
+        assert g.kv.tobytes() == kv_for(12 * BT).tobytes()
         assert kv.prefetch_stats["useful"] == n
         with pytest.raises(Exception, match="decode_position"):
             await kv.prefetch(toks, decode_position=-1)

@@ -33,6 +33,8 @@ field                      default      meaning
 ``fetch_wait_s``           none         longest wait for an admission slot; past it ``get``
                                         answers a miss (``overloaded``) at once
 ``queue``                  1024         pending background jobs (excess jobs are dropped, counted)
+``prefetch_max_blocks``    256          the most blocks one ``prefetch`` (or ``hint(decode_position=)``)
+                                        promotes, most urgent first (:class:`~tierkv.scheduler.PrefetchPlanner`)
 ``predictor``              {}           :class:`~tierkv.scheduler.PredictorConfig` fields
 ``breaker``                {}           failure_threshold, cooldown_s, probe_successes
 ``placement``              {}           :class:`~tierkv.scheduler.PlacementConfig` fields
@@ -95,7 +97,7 @@ from .scheduler import (
     HeadImportance,
     PlacementConfig,
     PredictorConfig,
-    PrefetchWindow,
+    PrefetchPlanner,
     ProbeSchedule,
     RateEstimator,
     ReusePredictor,
@@ -158,6 +160,7 @@ _KNOWN = frozenset(
         "max_concurrent_fetches",
         "fetch_wait_s",
         "queue",
+        "prefetch_max_blocks",
         "predictor",
         "breaker",
         "placement",
@@ -230,6 +233,8 @@ class SchedulerState:
         self.max_transfers = opt_int(options, "max_transfers_per_tier", 4, prefix="scheduler", minimum=1)
         self.max_fetches = opt_int(options, "max_concurrent_fetches", 64, prefix="scheduler", minimum=1)
         self.queue_size = opt_int(options, "queue", 1024, prefix="scheduler", minimum=1)
+        #: the most blocks one ``prefetch`` plans (:class:`~tierkv.scheduler.PrefetchPlanner` budget)
+        self.prefetch_max_blocks = opt_int(options, "prefetch_max_blocks", 256, prefix="scheduler", minimum=0)
         wait = options.get("fetch_wait_s")
         self.fetch_wait_s: float | None = (
             None if wait is None else opt_float(options, "fetch_wait_s", prefix="scheduler", minimum=0.0)
@@ -272,7 +277,8 @@ class SchedulerState:
         t_start = self.now()
         self.probes = [ProbeSchedule(self.probe_interval_s, t_start) for _ in self.kinds]
         self.chain = ToolChain()
-        self.prefetch_window: PrefetchWindow | None = None
+        #: the RoPE-aware prefetch planner (made with the model's layer classes by the first use)
+        self.prefetch_planner: PrefetchPlanner | None = None
         self.importance: HeadImportance | None = None
         #: head importance per stored block (made with :attr:`importance` by the first attention report)
         self.block_importance: BlockImportance | None = None

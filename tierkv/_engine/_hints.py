@@ -17,7 +17,8 @@ import numpy as np
 
 from .._keys import to_token_array
 from ..errors import InputError
-from ..scheduler import PrefetchWindow
+from ..scheduler import PrefetchPlanner, layer_classes
+from ..scheduler._prefetch import class_of_layer
 from ._service import Promote, Reserve
 
 if TYPE_CHECKING:
@@ -61,8 +62,8 @@ class Hints:
           tier for that tool's KV profile and prefetches its context blocks
           (those put with ``block_type="tool_context"`` while it was the current
           tool), and the head-importance multipliers are reset for the switch;
-        * ``decode_position`` with ``tokens``: prefetch the blocks covering
-          ``[n, n + w]`` (RoPE-aware window, see :meth:`prefetch`);
+        * ``decode_position`` with ``tokens``: prefetch the blocks the model's layer
+          classes will read at that position (RoPE-aware plan, see :meth:`prefetch`);
         * ``response_tokens``: the engine has *finished* answering a request with
           this many tokens: with ``tokens``, that request's latest ``put``/``get``;
           without, the most recent request. Call it at completion, not before: the
@@ -140,30 +141,81 @@ class Hints:
             )
         return keys[-1].hex()
 
+    def planner(self) -> PrefetchPlanner:
+        """The store's prefetch planner, made on first use with the layer classes of the store's model
+        spec (sliding layers: ``"local"``, window ``spec.sliding_window``; the others ``"global"``)."""
+        sched = self.s.sched
+        if sched.prefetch_planner is None:
+            sched.prefetch_planner = PrefetchPlanner(self.s.block_tokens, layer_classes(self.s.spec))
+        return sched.prefetch_planner
+
+    def block_scores(self, keys: list[str]) -> np.ndarray | None:
+        """Per block of ``keys``: its own head importance summed over the global layers (x the
+        multipliers), 0 for a block never reported; None before any report. The own score, not the
+        ranking score (which a parent takes from its children and so favours the first blocks)."""
+        imp = self.s.sched.block_importance
+        if imp is None:
+            return None
+        spec = self.s.spec
+        rows = [i for i in range(spec.kv_layers) if class_of_layer(spec, i) == "global"]
+        mult = imp.heads.multipliers
+        out = np.zeros(len(keys))
+        for i, k in enumerate(keys):
+            own = imp.own(k)
+            if own is not None and rows:
+                out[i] = float(np.sum(mult[rows] * own[rows]))
+        return out
+
+    def budget(self) -> int:
+        """Blocks one prefetch may plan: ``scheduler.prefetch_max_blocks``, at most what the fastest
+        tier holds below its high watermark."""
+        t = self.s.loads()[0]
+        fits = int(t.high_watermark * t.capacity) // max(1, self.s.block_nbytes)
+        return min(self.s.sched.prefetch_max_blocks, fits)
+
     def prefetch_keys(self, tokens: object, decode_position: int, tenant: str | None) -> list[str]:
+        """The keys to promote for ``decode_position``, most urgent first (those of the planner's
+        order that are stored below the fastest tier; :class:`~tierkv.scheduler.PrefetchPlanner`).
+        Never promotes an excluded block. The budget is ``scheduler.prefetch_max_blocks``, at most
+        the blocks the fastest tier holds below its high watermark (a longer plan would push out
+        its own head). Submits the promotions (in that order) when the service runs; InputError
+        for a bad position, TokensError."""
         if isinstance(decode_position, bool) or not isinstance(decode_position, int) or decode_position < 0:
             raise InputError(f"decode_position: expected an int >= 0, got {decode_position!r}")
         _, keys, _ = self.s.keys(tokens, tenant)
-        sched = self.s.sched
-        if sched.prefetch_window is None:
-            sched.prefetch_window = PrefetchWindow(self.s.block_tokens, min_window=self.s.block_tokens)
-        wanted = [keys[i].hex() for i in sched.prefetch_window.blocks(decode_position, total_blocks=len(keys))]
+        hexes = [k.hex() for k in keys]
+        entries = self.s.index.entries
+        stored = [i for i, k in enumerate(hexes) if k in entries]
+        plan = self.planner().plan(
+            decode_position,
+            len(hexes),
+            stored=stored,
+            importance=self.block_scores(hexes),
+            budget=self.budget(),
+        )
         out = []
-        for k in wanted:
-            e = self.s.index.entries.get(k)
+        for i in plan.order:
+            k = hexes[i]
+            e = entries.get(k)
             if e is not None and e.tier > 0:
-                self.s.service.submit(Promote(k, 0, prefetch=True))
+                self.s.service.submit(Promote(k, 0, prefetch=True))  # a no-op without the service
                 out.append(k)
         return out
 
     async def prefetch(self, tokens: object, *, decode_position: int = 0, tenant: str | None = None) -> int:
-        """Promote the blocks covering ``[decode_position, decode_position + w]``
-        of ``tokens`` into the fastest tier ahead of need; ``w`` adapts per layer
-        class from the attention spans reported with :meth:`report_attention`.
+        """Promote into the fastest tier, ahead of need, the blocks of ``tokens`` that the
+        model's layer classes will read at ``decode_position`` ``n``, most urgent first and at
+        most ``scheduler.prefetch_max_blocks`` of them (:class:`~tierkv.scheduler.PrefetchPlanner`):
+        sliding layers the blocks of ``[n - span, n)`` (span: the observed attention span, at most
+        the window), global layers the attention sinks (the first block), the recent span and the
+        blocks their head importance ranks highest; then the stored blocks past ``n`` in position
+        order. A block no layer class can attend to (before ``n - window`` when every layer
+        slides) is never promoted. The spans adapt per layer class from :meth:`report_attention`.
 
-        With the scheduler service running this only queues the promotions and
-        returns at once; without it the promotions run now. Returns the number
-        of blocks scheduled (or promoted). Raises TokensError, InputError.
+        With the scheduler service running this only queues the promotions (in urgency order)
+        and returns at once; without it the promotions run now, in that order (each
+        makes room in the fastest tier as a put does) (each promotion makes room as a put does). Returns the number of blocks scheduled (or promoted). Raises TokensError,
+        InputError.
         """
         self.s.check_open()
         with self.s.tel.timed("prefetch") as span:
@@ -194,14 +246,16 @@ class Hints:
         positions: Any,
         query_pos: int,
         *,
-        layer_class: str = "global",
+        layer_class: str | None = None,
         tokens: object = None,
         tenant: str | None = None,
     ) -> None:
         """Report one layer's attention statistics (``head_scores``: query heads x
         attended positions) at decode position ``query_pos``: updates the head importance
-        of the attended sequence's blocks and the prefetch window of ``layer_class``
-        (``"local"`` for sliding-window layers, ``"global"`` otherwise).
+        of the attended sequence's blocks and the observed attention span of the layer's
+        class for the prefetch planner: ``layer_class`` when given, else the class of
+        ``layer`` in the store's model spec (``"local"`` for its sliding-window layers,
+        ``"global"`` otherwise; the planner's classes carry those names).
 
         ``tokens`` (with ``tenant``, as given to ``put``/``get``) names the sequence: the
         positions map to the blocks of its key chain that are stored, and only those
@@ -233,8 +287,9 @@ class Hints:
                 mla=spec.attention == "mla",
             )
         heads.check_layer(layer)
-        if not isinstance(layer_class, str) or not layer_class:
+        if layer_class is not None and (not isinstance(layer_class, str) or not layer_class):
             raise InputError(f"report_attention layer_class: expected a non-empty string, got {layer_class!r}")
+        cls = class_of_layer(spec, int(layer)) if layer_class is None else layer_class
         n_tokens = -1
         if tokens is not None:
             arr, keys, tid = self.s.keys(tokens, tenant)
@@ -260,6 +315,4 @@ class Hints:
             if sched.block_importance is None:
                 sched.block_importance = BlockImportance(heads)
             sched.block_importance.report(layer, mass, chain)
-        if sched.prefetch_window is None:
-            sched.prefetch_window = PrefetchWindow(self.s.block_tokens, min_window=self.s.block_tokens)
-        sched.prefetch_window.observe_span(layer_class, span)
+        self.planner().observe_span(cls, span)

@@ -655,9 +655,13 @@ class TierKV:
         )
 
     async def prefetch(self, tokens: object, *, decode_position: int = 0, tenant: str | None = None) -> int:
-        """Promote the blocks covering ``[decode_position, decode_position + w]`` of ``tokens``
-        into the fastest tier ahead of need (queued with the service running, run now
-        without it); returns the blocks scheduled or promoted. Raises TokensError, InputError."""
+        """Promote the blocks of ``tokens`` that the model's layer classes will read at
+        ``decode_position`` into the fastest tier ahead of need, most urgent first (sliding layers:
+        their window's recent span; global layers: the attention sinks, the recent span, the
+        blocks of highest head importance; then the stored blocks past the position), never a
+        block no layer can attend to (see :meth:`Hints.prefetch`); queued with the service
+        running, run now without it; returns the blocks scheduled or promoted. Raises
+        TokensError, InputError."""
         self._s.check_open()
         return await self._s.hints.prefetch(tokens, decode_position=decode_position, tenant=tenant)
 
@@ -668,12 +672,13 @@ class TierKV:
         positions: Any,
         query_pos: int,
         *,
-        layer_class: str = "global",
+        layer_class: str | None = None,
         tokens: object = None,
         tenant: str | None = None,
     ) -> None:
         """Report one layer's attention statistics at decode position ``query_pos`` (see
-        :meth:`Hints.report_attention`): with ``tokens`` (and ``tenant``) the importance of
+        :meth:`Hints.report_attention`; ``layer_class`` defaults to the layer's class in the
+        model spec, ``"local"`` for sliding-window layers, ``"global"`` otherwise): with ``tokens`` (and ``tenant``) the importance of
         that sequence's stored blocks alone changes; without, the most recent request's.
         Raises InputError (nothing changed) for bad shapes or an unknown request."""
         self._s.hints.report_attention(

@@ -4,7 +4,8 @@
 * :class:`ResponseModel` -- per answer-length class calibration, applied when a request completes.
 * :class:`TauAdapter` -- online choice of the ranking's recency time constant by sampled shadow caches.
 * :class:`HeadImportance` -- head-granular EMA attention importance (GQA max, MLA per layer).
-* :class:`PrefetchWindow` -- RoPE-aware prefetch window per layer class.
+* :class:`PrefetchPlanner` -- RoPE-aware prefetch plan per layer class (sliding/global, sinks, importance);
+  :class:`PrefetchWindow` the span EMA per class (and the old readahead).
 * :class:`ToolChain` -- agentic Markov chain over tools with KV size profiles; session classes.
 * :func:`gate` -- fetch-vs-recompute decision; :class:`TierEstimator` EWMA of tier latency/bandwidth,
   :class:`RateEstimator` (codec decode rate), :class:`ProbeSchedule` (bounded re-measuring of gated tiers).
@@ -53,7 +54,7 @@ from ._predictor import (
     fanout_bucket,
     size_bucket,
 )
-from ._prefetch import PrefetchWindow, attention_span
+from ._prefetch import LayerClass, PrefetchPlan, PrefetchPlanner, PrefetchWindow, attention_span, layer_classes
 from ._response import ResponseModel, completion_time, response_class
 from ._survival import RenewalHazard, age_bin, bin_lower_edges, hit_density, km_survival
 from ._tau import TauAdapter
@@ -67,9 +68,12 @@ __all__ = [
     "CircuitBreaker",
     "GateDecision",
     "HeadImportance",
+    "LayerClass",
     "LoadFailurePolicy",
     "PlacementConfig",
     "PredictorConfig",
+    "PrefetchPlan",
+    "PrefetchPlanner",
     "PrefetchWindow",
     "ProbeSchedule",
     "RateEstimator",
@@ -99,6 +103,7 @@ __all__ = [
     "gate",
     "hit_density",
     "km_survival",
+    "layer_classes",
     "is_protected",
     "parse_load_failure_policy",
     "placement_value",
