@@ -213,9 +213,9 @@ class Hints:
         slides) is never promoted. The spans adapt per layer class from :meth:`report_attention`.
 
         With the scheduler service running this only queues the promotions (in urgency order)
-        and returns at once; without it the promotions run now, in that order (each
-        makes room in the fastest tier as a put does) (each promotion makes room as a put does). Returns the number of blocks scheduled (or promoted). Raises TokensError,
-        InputError.
+        and returns at once; without it the promotions run now, in that order (each makes
+        room in the fastest tier as a put does). Returns the number of blocks scheduled (or
+        promoted). Raises TokensError, InputError.
         """
         self.s.check_open()
         with self.s.tel.timed("prefetch") as span:
