@@ -225,6 +225,34 @@ def _chain(h: bytes, raw: bytes, step: int, n: int, out: list[bytes]) -> None:
         out.append(h)
 
 
+class _Chain:
+    """One remembered chain: its whole blocks' tokens (``base[:n]``; ``base`` has room to grow,
+    so a chain extended block by block is not copied whole each time) and their keys."""
+
+    __slots__ = ("base", "keys", "n")
+
+    def __init__(self, base: np.ndarray[Any, np.dtype[np.int64]], n: int, keys: list[bytes]) -> None:
+        self.base, self.n, self.keys = base, n, keys
+
+    @property
+    def tokens(self) -> np.ndarray[Any, np.dtype[np.int64]]:
+        return self.base[: self.n]
+
+    def extend(self, whole: np.ndarray[Any, np.dtype[np.int64]], keys: list[bytes]) -> int:
+        """Become ``whole`` (which starts with this chain's tokens) and ``keys``; returns the
+        tokens of room added (the memo's bound counts room, not just tokens)."""
+        n, cap = len(whole), len(self.base)
+        grown = 0
+        if n > cap:
+            base = np.empty(max(n, 2 * cap), dtype="<i8")
+            base[: self.n] = self.base[: self.n]
+            grown = len(base) - cap
+            self.base = base
+        self.base[self.n : n] = whole[self.n :]
+        self.n, self.keys = n, keys
+        return grown
+
+
 class KeyChains:
     """A bounded memo of recent key chains: ``keys(seed, tokens, block_tokens)`` equals
     :func:`block_keys` of the same arguments, computing only the blocks past the longest
@@ -232,17 +260,19 @@ class KeyChains:
 
     A chain is remembered under (seed, block size, a digest of its first block's tokens),
     at most ``per_root`` chains per such root, most recent first, and at most
-    ``max_tokens`` tokens in all (least recently used chains go first). A remembered
-    prefix is reused only after comparing its tokens with the caller's, element by
-    element, so a digest collision costs a recomputation, never a wrong key; and the seed
-    (scope, tenant, layout) is part of the memo's key, so one tenant's chains never answer
-    another's. Not thread-safe: one store's event loop owns it (no await inside)."""
+    ``max_tokens`` tokens in all (least recently used chains go first; a chain's room to grow
+    counts). A remembered prefix is reused only after comparing its tokens with the caller's,
+    element by element, so a digest collision costs a recomputation, never a wrong key; and the
+    seed (scope, tenant, layout) is part of the memo's key, so one tenant's chains never answer
+    another's. A chain that extends a remembered one (a sequence stored block by block) grows
+    that one in place (amortised: its room doubles), so each extension copies only its new
+    tokens. Not thread-safe: one store's event loop owns it (no await inside)."""
 
     __slots__ = ("_chains", "_max_tokens", "_per_root", "_tokens")
 
     def __init__(self, max_tokens: int = 4 << 20, per_root: int = 4) -> None:
-        #: root -> [(tokens of the whole blocks, their keys)], most recent first; dict order: LRU
-        self._chains: dict[tuple[bytes, int, int], list[tuple[np.ndarray[Any, Any], list[bytes]]]] = {}
+        #: root -> chains, most recent first; dict order: LRU
+        self._chains: dict[tuple[bytes, int, int], list[_Chain]] = {}
         self._max_tokens = max_tokens
         self._per_root = per_root
         self._tokens = 0
@@ -257,16 +287,17 @@ class KeyChains:
         root = (seed, block_tokens, xxhash.xxh3_64_intdigest(whole[:block_tokens].tobytes()))
         chains = self._chains.pop(root, None)
         best, best_i = 0, -1
-        for i, (t, _) in enumerate(chains or ()):
-            m = min(len(t), len(whole)) // block_tokens
+        for i, ch in enumerate(chains or ()):
+            m = min(ch.n, len(whole)) // block_tokens
             if m <= best:
                 continue
+            t = ch.base
             diff = np.flatnonzero(t[: m * block_tokens] != whole[: m * block_tokens])
             same = m if not diff.size else int(diff[0]) // block_tokens
             if same > best:
                 best, best_i = same, i
         if chains is not None and best_i >= 0:
-            t, ks = chains[best_i]
+            ks = chains[best_i].keys
             if best == n and len(ks) >= n:  # a prefix of (or equal to) a remembered chain
                 chains.insert(0, chains.pop(best_i))
                 self._chains[root] = chains
@@ -278,17 +309,20 @@ class KeyChains:
         raw = whole[best * block_tokens :].tobytes()
         _chain(out[-1] if out else seed, raw, step, n - best, out)
         chains = chains or []
-        if best_i >= 0 and best >= len(chains[best_i][1]):  # this chain extends that one: replace it
-            self._tokens -= len(chains.pop(best_i)[0])
-        chains.insert(0, (whole.copy(), out))
-        self._tokens += len(whole)
+        if best_i >= 0 and best >= len(chains[best_i].keys):  # this chain extends that one: grown
+            ch = chains.pop(best_i)
+            self._tokens += ch.extend(whole, out)
+        else:
+            ch = _Chain(whole.copy(), len(whole), out)
+            self._tokens += len(whole)
+        chains.insert(0, ch)
         while len(chains) > self._per_root:
-            self._tokens -= len(chains.pop()[0])
+            self._tokens -= len(chains.pop().base)
         self._chains[root] = chains
         while self._tokens > self._max_tokens and self._chains:
             old = next(iter(self._chains))
-            for t, _ in self._chains.pop(old):
-                self._tokens -= len(t)
+            for c in self._chains.pop(old):
+                self._tokens -= len(c.base)
         return list(out)
 
     def clear(self) -> None:
