@@ -171,6 +171,28 @@ def test_key_chains_reuse_a_remembered_prefix_and_keep_seeds_apart() -> None:
     assert d[:11] == longer[:11] and d[11:] != longer[11:] and d == block_keys(bytes(32), diverged, 256)
 
 
+def test_key_chains_grow_an_extended_chain_in_place_and_stay_bounded() -> None:
+    """A sequence stored block by block: each extension answers exactly, the caller's array is
+    never aliased (mutating it afterwards changes nothing), and the memo's bound counts the
+    room a grown chain holds."""
+    from tierkv._keys import KeyChains
+
+    memo = KeyChains(max_tokens=1 << 20)
+    toks = np.arange(64 * 16, dtype=np.int64)
+    for b in range(1, 65):
+        part = toks[: b * 16].copy()
+        assert memo.keys(bytes(32), part, 16) == block_keys(bytes(32), part, 16)
+        part[:] = -1  # the caller reuses its buffer: the memo kept its own copy
+    assert memo.keys(bytes(32), toks, 16) == block_keys(bytes(32), toks, 16)
+    (chain,) = next(iter(memo._chains.values()))
+    assert chain.n == len(toks) and len(chain.base) < 2 * len(toks) + 16
+    assert memo._tokens == len(chain.base)  # the room counts
+    small = KeyChains(max_tokens=100)
+    for b in range(1, 20):
+        small.keys(bytes(32), toks[: b * 16], 16)
+        assert small._tokens <= 100
+
+
 def test_list_tokens_name_the_bad_element() -> None:
     with pytest.raises(TokensError, match=r"tokens\[2\].*bool"):
         to_token_array([5, 6, True, 9])
