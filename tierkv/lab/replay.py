@@ -1,7 +1,9 @@
 """Trace-replay lab: ``tierkv replay TRACE ...`` -- compare cache policies on a Mooncake-format trace.
 
 Trace format: JSON lines with ``timestamp`` (ms), ``input_length``, ``output_length`` and ``hash_ids``
-(chained prefix-block ids of ``--trace-block-tokens`` tokens each, 512 by default); other fields are ignored.
+(chained prefix-block ids of ``--trace-block-tokens`` tokens each, 512 by default), optionally ``shape`` (a
+string: the workload shape that generated the request, as :mod:`tierkv.lab.synth` writes it); other fields are
+ignored.
 ``--block-tokens`` must be a multiple of the trace's block size: ``k`` trace blocks are merged into one,
 identified by the id of its last trace block (valid because the ids are chained).
 
@@ -45,6 +47,13 @@ horizon; ``training label`` -- again within the horizon *and* OPTgen credits tha
 cache of this size would have hit: what the lab's predictor is trained on). Accesses whose horizon passes the
 end of the (``--until``) trace unresolved are censored (left out, counted). With ``--json`` the document gets
 ``calibration``: one entry per (capacity, outcome).
+
+Per shape: when the trace's requests carry ``shape``, every row also carries ``per_shape``: per shape, the
+``prefix_hit_rate``, ``block_hit_rate``, ``requests`` and ``accesses`` of that shape's measured requests (rows
+without ``shape`` in such a trace count as shape ``-``); the rates are ratios of counts, so the overall rates
+are the per-shape ones weighted by ``accesses``. When the trace has two shapes or more, a table of the
+per-shape prefix hit rates (shape x capacity, one column per policy) is printed after the main one. A trace
+without ``shape`` gives the same output as before.
 
 When ``lru`` and ``belady`` are both replayed, every row also carries ``gap_closed``: the fraction of the
 LRU -> Belady prefix-hit-rate gap the policy closes at that capacity, ``(p - p_lru) / (p_belady - p_lru)``.
@@ -150,7 +159,8 @@ class Trace:
     """A loaded trace: per request (time s, input tokens, block ids, tail block partial?, output tokens).
 
     ``output_lengths`` is empty when the trace has no ``output_length`` field: then no completion is ever
-    delivered to a policy.
+    delivered to a policy. ``shapes`` (per request, the workload shape; ``-`` where a row has none) is empty
+    when no request carries ``shape``.
     """
 
     path: str
@@ -160,6 +170,7 @@ class Trace:
     tail_partial: list[bool]
     block_tokens: int
     output_lengths: list[int] = field(default_factory=list)
+    shapes: list[str] = field(default_factory=list)
 
     @property
     def accesses(self) -> int:
@@ -175,8 +186,9 @@ def load_trace(path: str | Path, block_tokens: int = 512, trace_block_tokens: in
     if block_tokens < trace_block_tokens or block_tokens % trace_block_tokens:
         raise ValueError(f"--block-tokens {block_tokens} must be a multiple of the trace's {trace_block_tokens}")
     k = block_tokens // trace_block_tokens
-    rows: list[tuple[float, int, list[int], int]] = []
+    rows: list[tuple[float, int, list[int], int, str | None]] = []
     has_output = True
+    has_shape = False
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
@@ -190,11 +202,15 @@ def load_trace(path: str | Path, block_tokens: int = 512, trace_block_tokens: in
                 if n_out is None:
                     has_output = False
                 n_out = int(n_out) if n_out is not None else 0
+                shape = rec.get("shape")
+                if shape is not None and not isinstance(shape, str):
+                    raise TypeError(f"shape {shape!r} is not a string")
             except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(f"{path}:{lineno}: not a Mooncake trace record ({exc})") from exc
             if k > 1 and ids:
                 ids = [ids[min(len(ids) - 1, (j + 1) * k - 1)] for j in range(math.ceil(len(ids) / k))]
-            rows.append((t, n_in, ids, n_out))
+            has_shape = has_shape or shape is not None
+            rows.append((t, n_in, ids, n_out, shape))
     rows.sort(key=lambda r: r[0])
     return Trace(
         path=str(path),
@@ -204,6 +220,7 @@ def load_trace(path: str | Path, block_tokens: int = 512, trace_block_tokens: in
         tail_partial=[r[1] % block_tokens != 0 for r in rows],
         block_tokens=block_tokens,
         output_lengths=[r[3] for r in rows] if has_output else [],
+        shapes=[r[4] if r[4] is not None else "-" for r in rows] if has_shape else [],
     )
 
 
@@ -265,8 +282,9 @@ def replay(
 ) -> dict[str, Any]:
     """Replay the whole trace through ``policy``; return raw counts for requests at/after ``split_time``.
 
-    Returns ``leads`` (per measured request, leading hits), ``block_hits``, ``accesses`` (measured),
-    ``seconds`` and ``total_accesses`` (whole replay).
+    Returns ``leads`` and ``hits`` (per measured request: leading hits, resident blocks), ``measured`` (their
+    request indices), ``block_hits``, ``accesses`` (measured), ``seconds``, ``cpu_seconds`` and
+    ``total_accesses`` (whole replay).
     """
     req = policy.request
     times, blocks, tails = trace.times, trace.blocks, trace.tail_partial
@@ -278,6 +296,7 @@ def replay(
     push, pop = heapq.heappush, heapq.heappop
     ins = trace.input_lengths
     leads: list[int] = []
+    hit_counts: list[int] = []
     measured_idx: list[int] = []
     bh = 0
     acc = 0
@@ -296,6 +315,7 @@ def replay(
         lead, hits = req(ids, now, tails[i])
         if times[i] >= split_time:
             leads.append(lead)
+            hit_counts.append(hits)
             measured_idx.append(i)
             bh += hits
             acc += len(ids)
@@ -307,6 +327,7 @@ def replay(
         progress(len(blocks) % step)
     return {
         "leads": leads,
+        "hits": hit_counts,
         "measured": measured_idx,
         "block_hits": bh,
         "accesses": acc,
@@ -328,6 +349,7 @@ def truncate(trace: Trace, until: float) -> Trace:
         trace.tail_partial[:n],
         trace.block_tokens,
         trace.output_lengths[:n],
+        trace.shapes[:n],
     )
 
 
@@ -416,7 +438,29 @@ def _metrics(
     }
     if per_tier_leads is not None:
         out["hits_per_tier"] = dict(zip(tier_names, tier_hits, strict=True))
+    if trace.shapes:
+        out["per_shape"] = _per_shape(trace, raw, per_tier_leads[-1] if per_tier_leads else raw["leads"])
     return out
+
+
+def _per_shape(trace: Trace, raw: dict[str, Any], leads: list[int]) -> dict[str, dict[str, Any]]:
+    """Per shape (in order of first measured request): prefix and block hit rates, requests, accesses."""
+    counts: dict[str, list[int]] = {}  # shape -> [leading hits, resident blocks, requests, accesses]
+    for k, i in enumerate(raw["measured"]):
+        c = counts.setdefault(trace.shapes[i], [0, 0, 0, 0])
+        c[0] += leads[k]
+        c[1] += raw["hits"][k]
+        c[2] += 1
+        c[3] += len(trace.blocks[i])
+    return {
+        shape: {
+            "prefix_hit_rate": lead / (acc or 1),
+            "block_hit_rate": hits / (acc or 1),
+            "requests": n,
+            "accesses": acc,
+        }
+        for shape, (lead, hits, n, acc) in counts.items()
+    }
 
 
 def _calibrations(
@@ -492,6 +536,41 @@ def _table(results: list[dict[str, Any]], out: TextIO) -> None:
             f"{r['policy']:<30}{cap:>9}{r['capacity_blocks']:>8}{r['block_hit_rate']:>10.4f}"
             f"{r['prefix_hit_rate']:>11.4f}{gap:>11}{r['modeled_ttft_s']:>8.3f}{r['accesses_per_s']:>10.0f}\n"
         )
+
+
+def _shape_table(results: list[dict[str, Any]], out: TextIO) -> None:
+    """Per (shape, capacity): measured requests and accesses, and each policy's prefix hit rate (rows
+    without tiers); writes nothing unless the rows carry two shapes or more."""
+    rows = [r for r in results if "tiers" not in r and "per_shape" in r]
+    shapes: list[str] = []
+    for r in rows:
+        shapes += [s for s in r["per_shape"] if s not in shapes]
+    if len(shapes) < 2:
+        return
+    policies = list(dict.fromkeys(r["policy"] for r in rows))
+    caps = sorted({r["capacity_fraction"] for r in rows})
+    by = {(r["policy"], r["capacity_fraction"]): r["per_shape"] for r in rows}
+    widths = [max(10, len(p) + 2) for p in policies]
+    out.write("\nper shape: prefix hit rate of the measured requests of each shape\n")
+    out.write(
+        f"{'shape':<16}{'capacity':>9}{'requests':>10}{'accesses':>11}"
+        + "".join(f"{p:>{w}}" for p, w in zip(policies, widths, strict=True))
+        + "\n"
+    )
+    for shape in shapes:
+        for f in caps:
+            cells = [by.get((p, f), {}).get(shape) for p in policies]
+            first = next((c for c in cells if c is not None), None)
+            if first is None:
+                continue
+            out.write(
+                f"{shape:<16}{f'{f * 100:.3g}%':>9}{first['requests']:>10}{first['accesses']:>11}"
+                + "".join(
+                    f"{c['prefix_hit_rate']:>{w}.4f}" if c is not None else f"{'-':>{w}}"
+                    for c, w in zip(cells, widths, strict=True)
+                )
+                + "\n"
+            )
 
 
 def main(argv: list[str]) -> int:
@@ -615,6 +694,7 @@ def main(argv: list[str]) -> int:
         "results": results,
     }
     _table(results, sys.stdout)
+    _shape_table(results, sys.stdout)
     if args.calibration:
         cals = _calibrations(trace, split_time, probes, TierKVOptions().predictor_config.horizon_s)
         doc["calibration"] = cals

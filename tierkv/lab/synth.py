@@ -1,8 +1,11 @@
 """Synthetic Mooncake-format traces: other workload shapes for the replay lab (generalisation checks).
 
-``python -m tierkv.lab.synth OUT.jsonl [--shape chat|agent|mixed] [--seed N] [--sessions N]`` writes
-one JSON object per request (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids`` chained
-512-token prefix-block ids, dense in order of first appearance), readable by ``tierkv replay``.
+``python -m tierkv.lab.synth OUT.jsonl [--shape SHAPE] [--seed N] [--sessions N]`` writes one JSON object
+per request (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids`` chained 512-token
+prefix-block ids, dense in order of first appearance, and ``shape``: the name of the shape that generated
+the request -- ``chat`` or ``agent`` inside ``mixed``, the sub-shape inside ``mixture``), readable by
+``tierkv replay`` (which reports per-shape results when the rows carry ``shape``). The output is a pure
+function of (shape, seed, sessions).
 
 Shapes (sessions arrive as a Poisson process, one per second on average):
 
@@ -17,6 +20,39 @@ Shapes (sessions arrive as a Poisson process, one per second on average):
 * ``noise`` -- no predictive signal: ``4 x sessions`` requests, each one of 400 documents of 1-4 blocks picked
   uniformly at random (independent reuse: no feature -- position, turn, gap, count, fanout, length --
   says anything about the next use), arrivals a Poisson process of one per second.
+* ``rag`` -- retrieval-augmented questions over a corpus of 40 long shared documents (8-40 blocks each,
+  4-20 k tokens) behind a 1-block system prompt. A request is the system prompt, one document (picked by a
+  Zipf(0.9) law over a popularity ranking) and, with probability 0.3, a second one (one of 3 documents
+  related to the first: its blocks are reused only under that first document), then a short distinct
+  question (20-400 tokens, a partial block); 25% of the questions get a follow-up (at most 3 turns,
+  lognormal gaps, median 40 s). The popularity ranking is reshuffled in 6 equal phases of the trace (the
+  popular set drifts). Why: few long prompts, each reused at a long distance (many other long requests in
+  between, so the LRU stack distance of a reuse is many request sizes): recency alone does poorly at small
+  caches, frequency (with ageing, as the popular set drifts) and size (a document costs many blocks;
+  the one-off question blocks should not displace it) matter.
+* ``agent_tools`` -- agent loops with tool outputs: a shared system + tool-definitions prefix (4 variants
+  of 3-8 blocks, weights 0.45/0.3/0.15/0.1), a task of 100-2000 tokens, then 4-40 steps (a branch stops
+  past 48 k tokens of context); each step appends the model's action (20-300 tokens) and a tool output
+  that is empty with probability 0.25 and otherwise Pareto(1.0)-distributed (128-token minimum, median 256
+  tokens, capped at 32 blocks: heavy-tailed). Steps are fast (20 ms per action token plus a lognormal tool
+  time, median 2 s) except for a 5% chance of a slow tool (lognormal, median 3 min). With probability 0.04
+  per step the session forks (a retry or a second sample: another branch of 1-10 steps continues from the
+  same context): prefix fanout inside a session. Why: context that grows by very uneven amounts, tight
+  reuse at second scale broken by minute-long waits, and branches that share a long session prefix.
+* ``bursty`` -- alternating phases on one shared 2-block system prompt: calm phases (200-500 s) in which
+  long-lived chat-like sessions start (0.25 per second; continue with probability 0.88 per turn, at most
+  30 turns, gaps lognormal with median 60 s plus the chat dead time) and bursts (15-45 s) of first turns
+  (10 per second) of sessions that mostly never continue (probability 0.1 per turn, at most 4 turns);
+  the first phase is calm; ``sessions`` counts both kinds (about 390 per calm + burst cycle of about
+  380 s). Why: a burst brings hundreds of one-off prompts within seconds -- it
+  flushes a naive recency cache, and the long-lived sessions' next turns (often after the burst) miss;
+  a policy should let the burst's first turns pass through.
+* ``mixture`` -- all of ``chat``, ``agent``, ``noise``, ``rag``, ``agent_tools`` and ``bursty`` interleaved
+  in one time window: each gets ``sessions // 6`` sessions (``noise`` a quarter of that, its requests
+  being sessions of their own) drawn from its own generator seeded by ``(seed, shape)``, and the trace
+  stops at the earliest end of the six (``rag`` or ``noise``, at about ``sessions // 6`` seconds; the later
+  turns of the other shapes' sessions are cut, as in a window of a real trace); the rows name their
+  sub-shape.
 """
 
 from __future__ import annotations
@@ -26,12 +62,18 @@ import json
 import math
 import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = ["SHAPES", "synthetic_requests", "write_synthetic"]
 
-SHAPES: tuple[str, ...] = ("chat", "agent", "mixed", "noise")
+SHAPES: tuple[str, ...] = ("chat", "agent", "mixed", "noise", "rag", "agent_tools", "bursty", "mixture")
 _BT = 512
+#: the shapes ``mixture`` interleaves, in generation order
+_MIXTURE: tuple[str, ...] = ("chat", "agent", "noise", "rag", "agent_tools", "bursty")
+
+#: one request: (time s, input tokens, output tokens, chained block ids before renumbering, shape)
+_Event = tuple[float, int, int, list[int], str]
 
 
 class _Ids:
@@ -58,38 +100,37 @@ def _chain(ids: _Ids, tokens: list[int]) -> list[int]:
     return out
 
 
-def synthetic_requests(shape: str, seed: int = 7, sessions: int = 3000) -> list[dict[str, int | list[int]]]:
-    """Generate the requests of a synthetic trace (sorted by timestamp); ``ValueError`` on an unknown shape."""
-    if shape not in SHAPES:
-        raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
-    rnd = random.Random(seed)
-    ids = _Ids()
-    seg_counter = [1 << 40]
+class _Ctx:
+    """What the shapes of one trace share: the chained ids and the counter of fresh segment ids."""
 
-    def fresh() -> int:
-        seg_counter[0] += 1
-        return seg_counter[0]
+    def __init__(self) -> None:
+        self.ids = _Ids()
+        self.seg = 1 << 40
 
-    if shape == "noise":
-        docs = [[fresh() for _ in range(rnd.randint(1, 4))] for _ in range(400)]
-        t, noise = 0.0, []
-        for _ in range(4 * sessions):
-            t += rnd.expovariate(1.0)
-            d = docs[rnd.randrange(len(docs))]
-            noise.append((t, _BT * len(d), rnd.randint(10, 500), _chain(ids, d)))
-        dense0: dict[int, int] = {}
-        return [
-            {
-                "timestamp": round(e[0] * 1000),
-                "input_length": e[1],
-                "output_length": e[2],
-                "hash_ids": [dense0.setdefault(b, len(dense0)) for b in e[3]],
-            }
-            for e in noise
-        ]
+    def fresh(self) -> int:
+        self.seg += 1
+        return self.seg
+
+    def chain(self, segs: list[int]) -> list[int]:
+        return _chain(self.ids, segs)
+
+
+def _noise(rnd: random.Random, ctx: _Ctx, sessions: int) -> list[_Event]:
+    docs = [[ctx.fresh() for _ in range(rnd.randint(1, 4))] for _ in range(400)]
+    t, noise = 0.0, []
+    for _ in range(4 * sessions):
+        t += rnd.expovariate(1.0)
+        d = docs[rnd.randrange(len(docs))]
+        noise.append((t, _BT * len(d), rnd.randint(10, 500), ctx.chain(d), "noise"))
+    return noise
+
+
+def _chat_agent(rnd: random.Random, ctx: _Ctx, shape: str, sessions: int) -> list[_Event]:
+    """``chat``, ``agent`` or ``mixed`` (the random draws are those of the first version: same traces)."""
+    fresh = ctx.fresh
     tool_prompts = [[fresh() for _ in range(rnd.randint(2, 12))] for _ in range(24)]
     zipf = [1.0 / (k + 1) ** 1.1 for k in range(len(tool_prompts))]
-    events: list[tuple[float, int, int, list[int]]] = []
+    events: list[_Event] = []
     t = 0.0
     for s in range(sessions):
         t += rnd.expovariate(1.0)
@@ -108,7 +149,7 @@ def synthetic_requests(shape: str, seed: int = 7, sessions: int = 3000) -> list[
             while len(segs) < n_blocks:
                 segs.append(fresh())
             out_len = rnd.randint(20, 900) if kind == "chat" else rnd.randint(10, 200)
-            events.append((ts, tokens, out_len, _chain(ids, segs[:n_blocks])))
+            events.append((ts, tokens, out_len, ctx.chain(segs[:n_blocks]), kind))
             if turn + 1 >= max_turns or rnd.random() > p_cont:
                 break
             if tokens % _BT:  # the partial tail block changes once tokens are appended
@@ -121,6 +162,175 @@ def synthetic_requests(shape: str, seed: int = 7, sessions: int = 3000) -> list[
                 tokens += out_len + rnd.randint(50, 800)
             ts += gap
     events.sort(key=lambda e: e[0])
+    return events
+
+
+def _conversation(
+    rnd: random.Random,
+    ctx: _Ctx,
+    events: list[_Event],
+    shape: str,
+    start: float,
+    segs: list[int],
+    tokens: int,
+    max_turns: int,
+    p_cont: float,
+    gap: Callable[[int], float],
+    added: Callable[[int], int],
+) -> None:
+    """Append the turns of one linear session: each turn keeps the previous prompt's whole blocks (its
+    partial tail changes) and grows by ``added(output tokens)``; ``gap(output tokens)`` seconds apart."""
+    ts = start
+    for turn in range(max_turns):
+        n_blocks = math.ceil(tokens / _BT)
+        while len(segs) < n_blocks:
+            segs.append(ctx.fresh())
+        out_len = rnd.randint(20, 900)
+        events.append((ts, tokens, out_len, ctx.chain(segs[:n_blocks]), shape))
+        if turn + 1 >= max_turns or rnd.random() > p_cont:
+            return
+        if tokens % _BT:
+            segs = segs[: tokens // _BT]
+        ts += gap(out_len)
+        tokens += added(out_len)
+
+
+def _rag(rnd: random.Random, ctx: _Ctx, sessions: int) -> list[_Event]:
+    n_docs, phases = 40, 6
+    docs = [[ctx.fresh() for _ in range(rnd.randint(8, 40))] for _ in range(n_docs)]
+    related = [rnd.sample([j for j in range(n_docs) if j != d], 3) for d in range(n_docs)]
+    system = [ctx.fresh()]
+    zipf = [1.0 / (k + 1) ** 0.9 for k in range(n_docs)]
+    rank = list(range(n_docs))
+    events: list[_Event] = []
+    t, phase = 0.0, -1
+    for s in range(sessions):
+        t += rnd.expovariate(1.0)
+        if s * phases // sessions != phase:  # a new phase: the popular set drifts
+            phase = s * phases // sessions
+            rnd.shuffle(rank)
+        d = rank[rnd.choices(range(n_docs), zipf)[0]]
+        segs = system + docs[d]
+        if rnd.random() < 0.3:
+            segs += docs[rnd.choice(related[d])]
+        _conversation(
+            rnd,
+            ctx,
+            events,
+            "rag",
+            t,
+            segs,
+            _BT * len(segs) + rnd.randint(20, 400),
+            3,
+            0.25,
+            lambda out: 5.0 + 0.02 * out + rnd.lognormvariate(math.log(40.0), 0.8),
+            lambda out: out + rnd.randint(20, 400),
+        )
+    events.sort(key=lambda e: e[0])
+    return events
+
+
+def _agent_tools(rnd: random.Random, ctx: _Ctx, sessions: int) -> list[_Event]:
+    variants = [[ctx.fresh() for _ in range(rnd.randint(3, 8))] for _ in range(4)]
+    weights = [0.45, 0.3, 0.15, 0.1]
+    max_context = 48 * 1024
+
+    def step(out_len: int) -> tuple[float, int]:
+        """(seconds to the next step, tokens it adds): the action and a heavy-tailed tool output."""
+        tool = 0 if rnd.random() < 0.25 else min(32 * _BT, int(128 * rnd.paretovariate(1.0)))
+        slow = rnd.random() < 0.05
+        wait = rnd.lognormvariate(math.log(180.0 if slow else 2.0), 0.7)
+        return 0.02 * out_len + wait, out_len + tool
+
+    events: list[_Event] = []
+    t = 0.0
+    for _ in range(sessions):
+        t += rnd.expovariate(1.0)
+        segs0 = list(variants[rnd.choices(range(len(variants)), weights)[0]])
+        # branches still to generate: (time of the next request, segments, its tokens, steps left, may fork)
+        todo = [(t, segs0, _BT * len(segs0) + rnd.randint(100, 2000), rnd.randint(4, 40), True)]
+        while todo:
+            ts, segs, tokens, steps, may_fork = todo.pop()
+            for k in range(steps):
+                n_blocks = math.ceil(tokens / _BT)
+                while len(segs) < n_blocks:
+                    segs.append(ctx.fresh())
+                out_len = rnd.randint(20, 300)
+                events.append((ts, tokens, out_len, ctx.chain(segs[:n_blocks]), "agent_tools"))
+                if k + 1 >= steps or tokens > max_context:
+                    break
+                if tokens % _BT:
+                    segs = segs[: tokens // _BT]
+                if may_fork and rnd.random() < 0.04:  # another branch from this step's context
+                    wait, add = step(rnd.randint(20, 300))
+                    todo.append((ts + wait, list(segs), tokens + add, rnd.randint(1, 10), False))
+                wait, add = step(out_len)
+                ts += wait
+                tokens += add
+    events.sort(key=lambda e: e[0])
+    return events
+
+
+def _bursty(rnd: random.Random, ctx: _Ctx, sessions: int) -> list[_Event]:
+    system = [ctx.fresh(), ctx.fresh()]
+    events: list[_Event] = []
+
+    def gap(out: int) -> float:
+        return 5.0 + 0.02 * out + rnd.lognormvariate(math.log(60.0), 0.8)
+
+    def added(out: int) -> int:
+        return out + rnd.randint(20, 1500)
+
+    t, started, burst = 0.0, 0, False
+    while started < sessions:
+        end = t + (rnd.uniform(15.0, 45.0) if burst else rnd.uniform(200.0, 500.0))
+        rate = 10.0 if burst else 0.25
+        while started < sessions:
+            t += rnd.expovariate(rate)
+            if t >= end:
+                t = end
+                break
+            started += 1
+            max_turns, p_cont = (4, 0.1) if burst else (30, 0.88)
+            tokens = _BT * len(system) + rnd.randint(100, 3000)
+            _conversation(rnd, ctx, events, "bursty", t, list(system), tokens, max_turns, p_cont, gap, added)
+        burst = not burst
+    events.sort(key=lambda e: e[0])
+    return events
+
+
+def _events(shape: str, rnd: random.Random, ctx: _Ctx, sessions: int) -> list[_Event]:
+    if shape == "noise":
+        return _noise(rnd, ctx, sessions)
+    if shape in ("chat", "agent", "mixed"):
+        return _chat_agent(rnd, ctx, shape, sessions)
+    if shape == "rag":
+        return _rag(rnd, ctx, sessions)
+    if shape == "agent_tools":
+        return _agent_tools(rnd, ctx, sessions)
+    if shape == "bursty":
+        return _bursty(rnd, ctx, sessions)
+    raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
+
+
+def synthetic_requests(shape: str, seed: int = 7, sessions: int = 3000) -> list[dict[str, int | str | list[int]]]:
+    """Generate the requests of a synthetic trace (sorted by timestamp); ``ValueError`` on an unknown shape.
+
+    Deterministic: the same (shape, seed, sessions) always gives the same rows.
+    """
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
+    ctx = _Ctx()
+    if shape == "mixture":
+        share = max(1, sessions // len(_MIXTURE))
+        parts = [
+            _events(sub, random.Random(f"mixture/{seed}/{sub}"), ctx, max(1, share // 4) if sub == "noise" else share)
+            for sub in _MIXTURE
+        ]
+        end = min(p[-1][0] for p in parts)  # the common window: every shape runs until its end
+        events = sorted((e for p in parts for e in p if e[0] <= end), key=lambda e: e[0])
+    else:
+        events = _events(shape, random.Random(seed), ctx, sessions)
     dense: dict[int, int] = {}  # renumber in order of first appearance, as in the Mooncake release
     return [
         {
@@ -128,6 +338,7 @@ def synthetic_requests(shape: str, seed: int = 7, sessions: int = 3000) -> list[
             "input_length": e[1],
             "output_length": e[2],
             "hash_ids": [dense.setdefault(b, len(dense)) for b in e[3]],
+            "shape": e[4],
         }
         for e in events
     ]
