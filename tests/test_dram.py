@@ -280,7 +280,7 @@ def test_is_a_backend_and_probe() -> None:
     assert "capacity" in DramBackend.default_options(__import__("pathlib").Path(os.getcwd()))
 
 
-@pytest.mark.parametrize("large", ["slices", "thread"])
+@pytest.mark.parametrize("large", ["slices", "thread", "split", "auto"])
 async def test_array_io_of_large_strided_blocks(large: str) -> None:
     """Blocks above ``inline_copy_bytes`` go through the large-copy policy: a strided source
     gathered and a strided destination scattered are still exact."""
@@ -298,10 +298,52 @@ async def test_array_io_of_large_strided_blocks(large: str) -> None:
         await b.aclose()
 
 
-async def test_cancelled_array_write_commits_nothing() -> None:
+async def test_split_copies_share_a_batch_and_read_back_exactly() -> None:
+    """``split``: a batch of strided blocks, written and read back with the copies shared between
+    a worker thread and the event loop's thread, is exact in both directions (every block, no
+    byte of the destination outside the blocks written)."""
+    b = await _open(capacity="128MiB", inline_copy_bytes="256KiB", large_copies="split")
+    try:
+        cache = np.random.default_rng(4).standard_normal((6, 30, 2, 256, 3, 64)).astype(np.float16)
+        srcs = [cache[i][:, :, ::-1] for i in range(6)]  # reversed along tokens: not contiguous
+        allocs = [await b.allocate(f"s{i}", s.nbytes) for i, s in enumerate(srcs)]
+        await b.write_arrays(allocs, srcs)
+        for i, src in enumerate(srcs):
+            assert bytes(await b.read(f"s{i}")) == np.ascontiguousarray(src).tobytes()
+        out = np.zeros((30, 2, 6 * 256 + 7, 3, 64), np.float16)
+        await b.read_arrays([f"s{i}" for i in range(6)], [out[:, :, i * 256 : (i + 1) * 256] for i in range(6)])
+        for i, src in enumerate(srcs):
+            assert np.array_equal(out[:, :, i * 256 : (i + 1) * 256], src)
+        assert not out[:, :, 6 * 256 :].any()
+    finally:
+        await b.aclose()
+
+
+@pytest.mark.parametrize("large", ["slices", "split"])
+async def test_cancelled_array_read_never_writes_after_it_returns(large: str) -> None:
+    """A read_arrays cancelled at any point returns only once every copy into the caller's
+    memory has ended (the split worker's too): the destination does not change afterwards."""
+    b = await _open(capacity="128MiB", inline_copy_bytes="256KiB", large_copies=large)
+    try:
+        src = np.random.default_rng(5).standard_normal((8, 30, 2, 256, 3, 64)).astype(np.float16)
+        allocs = [await b.allocate(f"r{i}", src[i].nbytes) for i in range(8)]
+        await b.write_arrays(allocs, list(src))
+        for delay in (0.0, 0.0001, 0.0005, 0.002, 0.01):
+            out = np.zeros_like(src)
+            with anyio.move_on_after(delay):
+                await b.read_arrays([f"r{i}" for i in range(8)], list(out))
+            snap = out.copy()
+            await anyio.sleep(0.02)  # a copy still running would change ``out`` meanwhile
+            assert np.array_equal(out, snap)
+    finally:
+        await b.aclose()
+
+
+@pytest.mark.parametrize("large", ["slices", "split"])
+async def test_cancelled_array_write_commits_nothing(large: str) -> None:
     """A write_arrays cancelled at any point either commits the whole block or nothing,
     and never leaves a reservation behind."""
-    b = await _open(capacity="64MiB", inline_copy_bytes="64KiB", large_copies="slices")
+    b = await _open(capacity="64MiB", inline_copy_bytes="64KiB", large_copies=large)
     try:
         src = np.ones((64, 4096), np.float16)[:, ::2]
         committed = 0
