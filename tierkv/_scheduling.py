@@ -386,7 +386,7 @@ class SchedulerState:
             if self.protected(fanout):
                 v += _LN4
             # (a new entry is placed with cell 0 before its put ranks it: _durable.store_block)
-            ad.add(block, v, now, self.predictor.log_table[0] if ad.recency else None, hit)
+            ad.add(block, v, now, hit)
 
     def end_request(self, now: float) -> float | None:
         """A request's blocks were all observed: the adaptive ``tau`` may switch (then it is

@@ -28,6 +28,7 @@ from ..errors import (
     CapacityError,
     IntegrityError,
 )
+from ..scheduler._buckets import PROVISIONAL_RANK
 from ._index import Entry
 from ._tags import ZERO16, checked_tag, tag_checked, tag_checksum, tag_crc, tag_exact, tag_tenant, unpack_tag
 
@@ -96,27 +97,97 @@ class Durable:
             if placed is None:
                 return None
             ti, tag = placed
-            e = self.s.index.entries.get(key)
-            if e is None:
-                e = Entry(key, ti, nbytes_of(data), tag, self.s.model_scope, tid, parent, pos, tag_crc(tag))
-                e.label = label
-                e.t_last = self.s.sched.now()  # the most recent block, until the put records its access
-                if self.s.tiers[ti].backend.capabilities.persistent:
-                    e.backing = ti
-                self.s.index.adopt(e, root)
-                e.rank = self.s.mover.rank_of(e)
-                self.s.tiers[ti].place(e)
-                written = True
-            else:
-                # another task indexed it meanwhile (same key, same bytes): our copy on ``ti``
-                # is kept only if it is one of that entry's copies or can be its durable copy
-                await self.attach_copy(e, ti)
-                written = False
+            e, written = await self._index_written(key, ti, nbytes_of(data), tag, pos, tid, parent, root, label)
         else:
             written = False
         if durable and e.backing < 0:
             await self.make_durable(e, data, tag)
         return written
+
+    async def _index_written(
+        self,
+        key: str,
+        ti: int,
+        nbytes: int,
+        tag: bytes,
+        pos: int,
+        tid: bytes,
+        parent: bytes,
+        root: bytes,
+        label: int | None,
+    ) -> tuple[Entry, bool]:
+        """Index the copy of ``key`` just committed on tier ``ti``: (a new entry, True), or, when
+        another task indexed the block meanwhile (same key, same bytes), (that entry, False) and
+        our copy is kept only if it is one of that entry's copies or can be its durable copy."""
+        e = self.s.index.entries.get(key)
+        if e is not None:
+            await self.attach_copy(e, ti)
+            return e, False
+        e = Entry(key, ti, nbytes, tag, self.s.model_scope, tid, parent, pos, tag_crc(tag))
+        e.label = label
+        e.t_last = self.s.sched.now()  # the most recent block, until the put records its access
+        if self.s.tiers[ti].backend.capabilities.persistent:
+            e.backing = ti
+        self.s.index.adopt(e, root)
+        # ranked on top until the put records its access (Reader.record_access re-keys it): a
+        # put's later blocks never evict its earlier ones while other blocks remain
+        e.rank = PROVISIONAL_RANK - pos
+        self.s.tiers[ti].place(e)
+        return e, True
+
+    async def store_batch(
+        self,
+        items: list[tuple[str, BlockData, bytes, int, bytes]],
+        tid: bytes,
+        root: bytes,
+        label: int | None,
+    ) -> list[bool]:
+        """Write the leading ``items`` (key, array of any strides, tag without checksum, position,
+        parent key) to the fastest healthy tier in one :meth:`~tierkv.backend.SupportsArrayIO.
+        write_arrays` call (a tier that copies a large batch on two cores, the DRAM tier's
+        ``split``, does so), then index them as :meth:`store_block` does. Returns, for each leading
+        item stored and indexed, whether it is a new entry (False: another task indexed the
+        block meanwhile); the caller stores the rest one by one (the batch stops at
+        a block indexed or reserved elsewhere or at the first that does not fit; no batch for a
+        tier that is not a healthy array tier without codec or checksum, nor for a tenant with a
+        quota; a failed write stores none). Call shielded: the copies run to the end once started."""
+        ti = next((i for i, t in enumerate(self.s.tiers) if t.healthy), -1)
+        if ti < 0:
+            return []
+        t = self.s.tiers[ti]
+        if t.codec is not None or self.s.needs_checksum(ti) or not isinstance(t.backend, SupportsArrayIO):
+            return []
+        if self.s.quota_for(tid) is not None:
+            return []  # a tenant under a quota makes room block by block, within its own blocks
+        allocs = []
+        for key, data, tag, _pos, _parent in items:
+            nbytes = nbytes_of(data)
+            if self.s.index.entries.get(key) is not None:
+                break
+            try:
+                allocs.append(await self.s.mover.allocate_with_room(ti, key, nbytes, tag))
+            except (BlockExistsError, CapacityError):
+                break
+            except BackendError as exc:
+                self.s.tier_failed(ti, exc)
+                break
+        n = len(allocs)
+        if n == 0:
+            return []
+        try:
+            await t.backend.write_arrays(allocs, [d for _, d, _, _, _ in items[:n]])
+        except BlockNotFoundError:
+            return []  # a reservation was dropped by a concurrent evict: the backend freed the rest
+        except BackendError as exc:
+            self.s.tier_failed(ti, exc)
+            return []
+        out = []
+        for key, data, tag, pos, parent in items[:n]:
+            nbytes = nbytes_of(data)
+            t.bytes_in += nbytes
+            self.s.tel.bytes_written.add(nbytes, {"tier": t.name})
+            out.append((await self._index_written(key, ti, nbytes, tag, pos, tid, parent, root, label))[1])
+        return out
 
     async def await_concurrent_store(
         self, key: str, store: Callable[[], Awaitable[bool | None]], data: BlockData, tag: bytes, durable: bool

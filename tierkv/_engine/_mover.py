@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import anyio
@@ -27,7 +28,7 @@ from ..errors import (
     CapacityError,
     IntegrityError,
 )
-from ..scheduler._buckets import quantize
+from ..scheduler._buckets import PROVISIONAL_RANK, quantize
 from ._entry import handle
 from ._index import Entry, pbin
 from ._tags import checked_tag, checksum, retag, tag_exact, unpack_tag
@@ -106,6 +107,17 @@ class Mover:
         if sched.protected(e.children):
             key += _LN4
         return quantize(key)
+
+    def settle(self, entries: Iterable[Entry | None]) -> None:
+        """Give blocks still at the provisional rank a put stores them with (``PROVISIONAL_RANK -
+        pos``) their real key: a put that failed or was cancelled before recording its access."""
+        for e in entries:
+            if e is None or e.row < 0 or e.rank <= PROVISIONAL_RANK >> 1:
+                continue
+            e.rank = self.rank_of(e)
+            t = self.s.tiers[e.tier]
+            if t.queue.holds(e.row):
+                t.queue.requeue(e.row, e.rank)
 
     def rerank(self, e: Entry) -> None:
         """Recompute ``e``'s key after an access (the caller then touches it in the index)."""

@@ -22,6 +22,11 @@ K = TypeVar("K", bound=Hashable)
 QUANTA = 64
 
 
+#: the quantised key of a block a put has stored but not yet ranked (minus its depth in the put):
+#: above every real key, so a put's later blocks evict other blocks before its own earlier ones
+PROVISIONAL_RANK = 1 << 40
+
+
 def quantize(key: float) -> int:
     """The quantised form of a ranking key (``ln p + t / tau``, higher stays)."""
     return int((key + 64.0) * QUANTA)

@@ -29,7 +29,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 from ..errors import ConfigError
-from ._buckets import bucketize, lowest, push
+from ._buckets import PROVISIONAL_RANK, bucketize, lowest, push
 
 __all__ = ["TauAdapter"]
 
@@ -49,7 +49,6 @@ class TauAdapter:
         "_age",
         "_backoff",
         "_buf_b",
-        "_buf_n",
         "_buf_r",
         "_buf_t",
         "_buf_v",
@@ -122,7 +121,6 @@ class TauAdapter:
         self._buf_b: list[int] = []
         self._buf_v: list[float] = []
         self._buf_t: list[float] = []
-        self._buf_n: list[float] = []  # (staged) the value a new block is placed with
         self._buf_r: list[int] = []  # (staged) the end of each request's accesses in the buffers
         self._bypass = bool(bypass)
         # the recency shadow (``recency=True``): an LRU of the same sampled accesses
@@ -169,20 +167,20 @@ class TauAdapter:
         """Whether accesses of ``block`` (an integer id) feed the shadow caches."""
         return ((block * _HASH_MUL) & 0xFFFFFFFF) < self._thr
 
-    def add(self, block: int, value: float, t: float, new_value: float | None = None, hit: bool = False) -> None:
+    def add(self, block: int, value: float, t: float, hit: bool = False) -> None:
         """Buffer one access of a sampled block: its ranking ``value`` (without the time term) at time
         ``t``. Within a request, add blocks in the order the real cache admits them (leaf first).
 
-        ``new_value`` (the adaptive policy's shadows, ``recency=True``): the value the real cache places
-        a *new* block with before it ranks the request. The shadows then serve a request as the library
-        does: its missing blocks are placed root first with ``new_value`` (evicting the lowest each, no
-        bypass), then every block of the request still held is re-keyed with ``value``, leaf first.
-        ``hit``: the real cache held the block when the request came (the adaptive policy compares the
-        real cache's sampled hits with the LRU shadow's while it follows the predictor)."""
+        The adaptive policy's shadows (``recency=True``) serve a request as the library does: its
+        missing blocks are placed root first above every ranked block (the library's provisional
+        rank while a put stores them: a put never evicts its own blocks while others remain; the
+        deepest is the lowest), then every block of the request still held is re-keyed with
+        ``value``, leaf first. ``hit``: the real cache held the block when the request came (the
+        adaptive policy compares the real cache's sampled hits with the LRU shadow's while it
+        follows the predictor)."""
         self._buf_b.append(block)
         self._buf_v.append(value + _OFFSET)
         self._buf_t.append(t)
-        self._buf_n.append((value if new_value is None else new_value) + _OFFSET)
         if hit:
             self._live_buf += 1
 
@@ -263,7 +261,6 @@ class TauAdapter:
         sb.clear()
         sv.clear()
         st.clear()
-        self._buf_n.clear()
         self._buf_r.clear()
 
     def _choose_mode(self, now: float, cur: int) -> float | None:
@@ -316,11 +313,11 @@ class TauAdapter:
 
     def _serve_staged(self, sc: dict[int, int], buckets: dict[int, deque[int]], bheap: list[int], inv: float) -> int:
         """Serve the buffered requests in one predictive shadow as the library does (see :meth:`add`)."""
-        sb, sv, st, sn = self._buf_b, self._buf_v, self._buf_t, self._buf_n
+        sb, sv, st = self._buf_b, self._buf_v, self._buf_t
         cap, h, lo = self._cap, 0, 0
         for hi in self._buf_r:
             present = [sb[x] in sc for x in range(lo, hi)]
-            for x in range(hi - 1, lo - 1, -1):  # new blocks placed root first
+            for x in range(hi - 1, lo - 1, -1):  # new blocks placed root first, provisionally on top
                 if present[x - lo]:
                     continue
                 b = sb[x]
@@ -329,7 +326,7 @@ class TauAdapter:
                 if len(sc) >= cap:
                     _qv, dq = lowest(sc, buckets, bheap)
                     del sc[dq.popleft()]
-                q = int((sn[x] + st[x] * inv) * _QUANTA)
+                q = PROVISIONAL_RANK - (hi - 1 - x)
                 sc[b] = q
                 push(buckets, bheap, b, q)
             for x in range(lo, hi):  # then the request is ranked, leaf first
