@@ -174,3 +174,35 @@ async def test_a_chunk_put_after_a_pause_refreshes_the_whole_prefix(tmp_path: Pa
         assert all(e.t_last >= clock[0] for e in by_pos)
         assert all(p.t_last > c.t_last for p, c in pairwise(by_pos))
         assert [e.count for e in by_pos] == [1] * 5
+
+
+def _orphans(kv: TierKV) -> list[str]:
+    """Indexed blocks whose parent is not indexed (a lookup can never reach them)."""
+    ix = kv._s.index.entries
+    return [e.key for e in ix.values() if e.pos and bytes(e.parent).hex() not in ix]
+
+
+@pytest.mark.parametrize("policy", ["lru", "predictive", "adaptive"])
+async def test_whole_puts_into_a_full_tier_never_break_a_prefix(policy: str) -> None:
+    """Whole puts of random sequences sharing prefixes, into one small tier: a put never evicts its
+    own earlier blocks (they rank on top until it records its access), so every stored block's
+    parent is stored (the stored part of every sequence is one prefix: block hits are prefix
+    hits)."""
+    import random
+
+    rnd = random.Random(11)
+    blk = kv_for(BT, seed=1)
+    cfg = smol_config([dram_tier(12 * blk.nbytes)], scheduler={"policy": policy})
+    docs = [[d * 100_000 + i for i in range(BT * rnd.randint(2, 6))] for d in range(12)]
+    async with await TierKV.open(cfg) as kv:
+        for _ in range(80):
+            a = rnd.choice(docs)
+            seq = a + [rnd.randrange(10**6, 10**7) for _ in range(BT * rnd.randint(0, 3))]  # a new tail
+            n = len(seq) // BT * BT
+            r = await kv.put(seq[:n], kv_for(n, seed=2))
+            assert r.tokens % BT == 0 and r.tokens <= n
+            assert _orphans(kv) == []
+            stored = [k.hex() in kv._s.index.entries for k in kv._s.keys(seq[:n], None)[1]]
+            lead = stored.index(False) if False in stored else len(stored)
+            assert not any(stored[lead:])  # what is stored of this sequence is one prefix
+        assert kv.invariant_violations() == []

@@ -63,13 +63,25 @@ async def test_replay_harness_and_library_agree_block_for_block(policy: str | No
 
 
 def test_library_lru_equals_the_lab_lru_at_exact_capacity() -> None:
-    """With watermarks 1.0 the library's LRU keeps exactly what an LRU of that many blocks keeps."""
+    """With watermarks 1.0 the library's LRU keeps exactly what an LRU of that many blocks keeps, at a
+    capacity above the longest request. (A request longer than the cache is where they part: a classic
+    LRU keeps its last blocks, which no later lookup reaches; the library keeps its leading ones, as
+    a put never drops its own chain to store the rest.)"""
     trace = short_trace()
-    lib = LibraryPolicy(200, policy="lru")
+    cap = max(len(b) for b in trace.blocks) + 1  # type: ignore[attr-defined]
+    lib = LibraryPolicy(cap, policy="lru")
     try:
         a = replay(trace, lib, split_time=trace.times[0])  # type: ignore[arg-type, attr-defined]
     finally:
         lib.close()
-    b = replay(trace, LruPolicy(200), split_time=trace.times[0])  # type: ignore[arg-type, attr-defined]
+    b = replay(trace, LruPolicy(cap), split_time=trace.times[0])  # type: ignore[arg-type, attr-defined]
     assert sum(a["leads"]) > 0
     assert a["leads"] == b["leads"]
+    # below the longest request the library's prefix hits are at least the classic LRU's
+    small = LibraryPolicy(200, policy="lru")
+    try:
+        c = replay(trace, small, split_time=trace.times[0])  # type: ignore[arg-type, attr-defined]
+    finally:
+        small.close()
+    d = replay(trace, LruPolicy(200), split_time=trace.times[0])  # type: ignore[arg-type, attr-defined]
+    assert sum(c["leads"]) >= sum(d["leads"])

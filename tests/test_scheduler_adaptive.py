@@ -168,8 +168,8 @@ def test_library_adaptive_parent_before_child() -> None:
 @pytest.mark.slow
 def test_library_adaptive_keeps_the_predictors_gain(tmp_path: object) -> None:
     """On the synthetic chat trace (seed 7, first half of its time, 10%) the library's predictor beats
-    recency; the adaptive policy keeps at least half of that gain (measured: lru 0.370, predictive 0.381,
-    adaptive 0.392)."""
+    recency; the adaptive policy keeps at least half of that gain (measured: lru 0.331, predictive 0.367,
+    adaptive 0.369)."""
     path = f"{tmp_path}/chat.jsonl"
     write_synthetic(path, "chat", seed=7, sessions=1500)
     tr = truncate(load_trace(path), 0.5)

@@ -385,7 +385,6 @@ class SchedulerState:
             v = self.predictor.log_table[cell]
             if self.protected(fanout):
                 v += _LN4
-            # (a new entry is placed with cell 0 before its put ranks it: _durable.store_block)
             ad.add(block, v, now, hit)
 
     def end_request(self, now: float) -> float | None:

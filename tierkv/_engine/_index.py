@@ -13,6 +13,7 @@ May not touch: backends (no I/O), the scheduler's state, telemetry.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
@@ -101,6 +102,9 @@ class Entries:
         c = self._c
         return ((e.key, e) for e in (handle(c, r) for r in self._rows()))
 
+
+#: the rows the current task keeps (Index.kept): never its own victims at the bottom tier
+_KEPT: contextvars.ContextVar[set[int] | frozenset[int]] = contextvars.ContextVar("tierkv_kept", default=frozenset())
 
 #: up to this many keys the walk goes key by key (:meth:`Index.walk_rows`)
 _WALK_BY_KEY = 24
@@ -264,11 +268,14 @@ class Index:
         """The tokens a tail entry covers."""
         return e.nbytes // self.token_nbytes
 
-    def evictable(self, row: int, tenant: bytes | None) -> int | None:
+    def evictable(self, row: int, tenant: bytes | None, *, bottom: bool = False) -> int | None:
         """The size of indexed ``row``'s block if it may be chosen as a victim now (not pinned,
-        not being relocated, and ``tenant``'s when given), else None."""
+        not being relocated, ``tenant``'s when given, and not :meth:`kept` when the victim would be
+        lost: ``bottom``), else None."""
         c = self.cols
         if c.pins[row] or c.moving[row] or (tenant is not None and c.pairs[c.st[row]][1][:16] != tenant):
+            return None
+        if bottom and row in _KEPT.get():
             return None
         return c.get("nbytes", c.nbytes, row)
 
@@ -301,6 +308,20 @@ class Index:
         finally:
             for e in pinned:
                 e.pins -= 1
+
+    @contextlib.contextmanager
+    def kept(self, entries: Sequence[Entry]) -> Iterator[set[int]]:
+        """While the ``with`` block runs, the calling task never chooses ``entries`` as victims
+        where a victim is lost (the bottom healthy tier; above it they may still move down);
+        other tasks may. A put keeps its own chain so: its later blocks must not evict its earlier
+        ones, while concurrent puts still make room as before. Yields the set of kept rows;
+        :func:`keep_more` adds to it. (A context variable: the task's own shedding sees it.)"""
+        rows = {e.row for e in entries}
+        token = _KEPT.set(rows)
+        try:
+            yield rows
+        finally:
+            _KEPT.reset(token)
 
     def set_backing(self, e: Entry, ti: int) -> None:
         """Point the durable copy of ``e`` at tier ``ti`` (-1: none), keeping each
@@ -541,3 +562,8 @@ class Index:
             if t.codec is None and isinstance(logical, int) and logical != expect_bytes[ti]:
                 out.append(f"tier {t.name}: holds {logical} logical bytes, the index places {expect_bytes[ti]} there")
         return out
+
+
+def keep_more(kept: set[int], e: Entry) -> None:
+    """Keep ``e`` too, until the :meth:`Index.kept` block that yielded ``kept`` ends."""
+    kept.add(e.row)

@@ -165,8 +165,10 @@ class Mover:
         victims: list[Entry] = []
         freed = 0
 
+        bottom = lower_tier(self.s.loads(), ti) is None  # a victim here is lost, not moved down
+
         def want(r: int) -> int | None:
-            return index.evictable(r, tenant)
+            return index.evictable(r, tenant, bottom=bottom)
 
         if self.s.sched.recency:  # the lru policy, or the adaptive one on recency now
             for r in tier.lru.rows():

@@ -25,9 +25,10 @@ from .._device import is_device_tensor
 from .._keys import tail_key
 from .._scheduling import shadow_id
 from ..backend import SupportsArrayIO, SupportsDeviceIO
-from ..errors import InputError, TierUnavailableError
+from ..errors import CapacityError, InputError, TierUnavailableError
 from ._durable import BlockData, flat, nbytes_of
 from ._entry import handle
+from ._index import keep_more
 from ._results import PutResult
 from ._service import Rebalance
 from ._tags import ZERO32, checksum, pack_tag, root_of
@@ -77,6 +78,15 @@ class Writer:
         tail = len(arr_tokens) - len(keys) * bt
         todo: list[int] = []
         existing = 0
+        # this put's own stored blocks (and the parent of ``start``) are kept while it stores the
+        # rest: a put never drops its own chain at the bottom tier to make room (that would only
+        # leave its later blocks behind a gap; above it they may move down); when nothing else is
+        # left to evict, it stops there
+        own: list[Entry] = []
+        if first:
+            e = self.s.index.entries.get(keys[first - 1].hex())
+            if e is not None:
+                own.append(e)
         for i in range(first, len(keys)):
             e = self.s.index.entries.get(keys[i].hex())
             if e is None or (durable and e.backing < 0):
@@ -84,6 +94,7 @@ class Writer:
             if e is not None:
                 existing += 1
                 self.s.index.touch(e)
+                own.append(e)
         tiers_used: list[str] = []
         stored = 0
 
@@ -118,59 +129,78 @@ class Writer:
         span_cm = self.s.tel.timed("put")
         span = span_cm.__enter__()
         try:
-            prepared = (prepare() if direct else await anyio.to_thread.run_sync(prepare)) if todo else []
-            done = 0
-            if direct and not durable and not on_device and len(prepared) > 1:
-                # the blocks in batches of at most _BATCH_BYTES: one backend call each (a tier
-                # copies a large batch on two cores), one batch's copy at most between checkpoints
-                while done < len(prepared):
-                    end, size = done, 0
-                    while end < len(prepared) and (end == done or size + nbytes_of(prepared[end][1]) <= _BATCH_BYTES):
-                        size += nbytes_of(prepared[end][1])
-                        end += 1
-                    items = []
-                    for i, data, crc in prepared[done:end]:
-                        parent = keys[i - 1] if i else ZERO32
-                        tag = pack_tag(self.s.model_scope, tid, parent, i, crc, nbytes_of(data), root, checked=checked)
-                        items.append((keys[i].hex(), data, tag, i, parent))
-                    with anyio.CancelScope(shield=True):
-                        flags = await self.s.durable.store_batch(items, tid, root, label)
-                    for (key, _, _, _, _), new in zip(items, flags, strict=False):
-                        if new:
-                            stored += 1
+            with self.s.index.kept(own) as held:
+                prepared = (prepare() if direct else await anyio.to_thread.run_sync(prepare)) if todo else []
+                done = 0
+                if direct and not durable and not on_device and len(prepared) > 1:
+                    # the blocks in batches of at most _BATCH_BYTES: one backend call each (a tier
+                    # copies a large batch on two cores), one batch's copy at most between checkpoints
+                    while done < len(prepared):
+                        end, size = done, 0
+                        while end < len(prepared) and (
+                            end == done or size + nbytes_of(prepared[end][1]) <= _BATCH_BYTES
+                        ):
+                            size += nbytes_of(prepared[end][1])
+                            end += 1
+                        items = []
+                        for i, data, crc in prepared[done:end]:
+                            parent = keys[i - 1] if i else ZERO32
+                            tag = pack_tag(
+                                self.s.model_scope, tid, parent, i, crc, nbytes_of(data), root, checked=checked
+                            )
+                            items.append((keys[i].hex(), data, tag, i, parent))
+                        with anyio.CancelScope(shield=True):
+                            flags = await self.s.durable.store_batch(items, tid, root, label)
+                        for (key, _, _, _, _), new in zip(items, flags, strict=False):
                             placed_e = self.s.index.entries.get(key)
-                            if placed_e is not None and self.s.tiers[placed_e.tier].name not in tiers_used:
-                                tiers_used.append(self.s.tiers[placed_e.tier].name)
-                    done += len(flags)
-                    await anyio.lowlevel.checkpoint_if_cancelled()
-                    if len(flags) < len(items):
-                        break  # the rest one by one
-            for i, data, crc in prepared[done:]:
-                parent = keys[i - 1] if i else ZERO32
-                tag = pack_tag(self.s.model_scope, tid, parent, i, crc, nbytes_of(data), root, checked=checked)
-                key = keys[i].hex()
-                with anyio.CancelScope(shield=True):
-                    placed = await self.s.durable.store_block(key, data, tag, i, tid, parent, durable, root, label)
-                if placed is None:
-                    # another task is storing this block right now: wait until it is indexed (and
-                    # durable, if asked), so that on return every block of the prefix is stored
-                    store = functools.partial(
-                        self.s.durable.store_block, key, data, tag, i, tid, parent, durable, root, label
-                    )
-                    await self.s.durable.await_concurrent_store(key, store, data, tag, durable)
-                    continue
-                if placed:
-                    stored += 1
+                            if placed_e is not None:
+                                keep_more(held, placed_e)
+                            if new:
+                                stored += 1
+                                if placed_e is not None and self.s.tiers[placed_e.tier].name not in tiers_used:
+                                    tiers_used.append(self.s.tiers[placed_e.tier].name)
+                        done += len(flags)
+                        await anyio.lowlevel.checkpoint_if_cancelled()
+                        if len(flags) < len(items):
+                            break  # the rest one by one
+                for i, data, crc in prepared[done:]:
+                    parent = keys[i - 1] if i else ZERO32
+                    tag = pack_tag(self.s.model_scope, tid, parent, i, crc, nbytes_of(data), root, checked=checked)
+                    key = keys[i].hex()
+                    try:
+                        with anyio.CancelScope(shield=True):
+                            placed = await self.s.durable.store_block(
+                                key, data, tag, i, tid, parent, durable, root, label
+                            )
+                    except CapacityError:
+                        if not held:
+                            raise
+                        break  # only this put's own blocks are left to drop: it stops here
+                    if placed is None:
+                        # another task is storing this block right now: wait until it is indexed (and
+                        # durable, if asked), so that on return every block of the prefix is stored
+                        store = functools.partial(
+                            self.s.durable.store_block, key, data, tag, i, tid, parent, durable, root, label
+                        )
+                        await self.s.durable.await_concurrent_store(key, store, data, tag, durable)
+                        continue
                     placed_e = self.s.index.entries.get(key)
-                    if placed_e is not None and self.s.tiers[placed_e.tier].name not in tiers_used:
-                        tiers_used.append(self.s.tiers[placed_e.tier].name)
-                await anyio.lowlevel.checkpoint_if_cancelled()
+                    if placed_e is not None:
+                        keep_more(held, placed_e)
+                    if placed:
+                        stored += 1
+                        if placed_e is not None and self.s.tiers[placed_e.tier].name not in tiers_used:
+                            tiers_used.append(self.s.tiers[placed_e.tier].name)
+                    await anyio.lowlevel.checkpoint_if_cancelled()
             index = self.s.index
             head = index.find_rows(keys[:first])  # the blocks before ``start``, as arrays when many
             # with ``start``: the stored prefix ends at the first block before it that is missing
-            lead = head.index(-1) if -1 in head else len(keys)
             new_entries = [index.entries.get(k.hex()) for k in keys[first:]]
-            above = handle(index.cols, head[-1]) if head and lead == len(keys) else None
+            if -1 in head:
+                lead = head.index(-1)
+            else:  # (a new block pushed out again, by a concurrent put, ends the stored prefix too)
+                lead = first + (new_entries.index(None) if None in new_entries else len(new_entries))
+            above = handle(index.cols, head[-1]) if head and -1 not in head else None
             chunk = (
                 above is not None
                 and self.s.sched.now() - above.t_last <= self.s.reader.CHUNK_REFRESH_S

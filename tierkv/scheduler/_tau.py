@@ -171,13 +171,14 @@ class TauAdapter:
         """Buffer one access of a sampled block: its ranking ``value`` (without the time term) at time
         ``t``. Within a request, add blocks in the order the real cache admits them (leaf first).
 
-        The adaptive policy's shadows (``recency=True``) serve a request as the library does: its
-        missing blocks are placed root first above every ranked block (the library's provisional
-        rank while a put stores them: a put never evicts its own blocks while others remain; the
-        deepest is the lowest), then every block of the request still held is re-keyed with
-        ``value``, leaf first. ``hit``: the real cache held the block when the request came (the
-        adaptive policy compares the real cache's sampled hits with the LRU shadow's while it
-        follows the predictor)."""
+        The adaptive policy's shadows (``recency=True``) serve a request as the library's put does
+        (:meth:`Writer.put_blocks <tierkv._engine._writer.Writer.put_blocks>`): its missing blocks
+        are placed root first, each above every ranked block (the provisional rank: a put never
+        evicts its own blocks while others remain, so a request's stored part stays one prefix),
+        then every block of the request still held is re-keyed with ``value``, leaf first.
+        ``hit``: the real cache held the block when the request came (the adaptive policy
+        compares the real cache's sampled hits with the LRU shadow's while it follows the
+        predictor)."""
         self._buf_b.append(block)
         self._buf_v.append(value + _OFFSET)
         self._buf_t.append(t)
