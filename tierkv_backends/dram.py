@@ -31,12 +31,13 @@ Options (all optional):
     between one worker thread and the loop's own thread, which run at once on
     two cores; ``auto`` splits array copies of at least 16 MiB on a machine with
     more than one CPU and slices the rest. A single core's copy does not reach
-    the memory's bandwidth on small VMs: a multi-block ``get(out=)`` of 377 MB
-    went from 0.49x to 0.89-0.92x a single-threaded ``np.copyto`` of the same
-    bytes by splitting (``/tmp``-free reproduction: ``benchmarks/bench_api.py``,
-    row ``get(out=)``); a per-block put (5.6 MB) is slower split (the worker's
-    wake-up and the GIL hand-offs cost more than half a block's copy saves), so
-    ``auto`` leaves it sliced.
+    the memory's bandwidth on small VMs: on the 2-vCPU development VM a
+    multi-block ``get(out=)`` of 94 MB went from 0.49x to 0.97x, and a put
+    (its new blocks written in batches) from 0.36x to 0.74x a single-threaded
+    ``np.copyto`` of the same bytes (``benchmarks/bench_api.py``;
+    ``benchmarks/results/2026-12-02-session6.txt``); one 5.6 MB block alone is
+    slower split (the worker's wake-up and the GIL hand-offs cost more than half
+    a block's copy saves), so ``auto`` leaves it sliced.
 
 Copy policy and its trade-off (measured on the 2-vCPU development VM, medians):
 one ``anyio.to_thread`` hop costs 65-90 us empty and 100-190 us more when the
