@@ -104,7 +104,9 @@ class Entries:
 
 
 #: the rows the current task keeps (Index.kept): never its own victims at the bottom tier
-_KEPT: contextvars.ContextVar[set[int] | frozenset[int]] = contextvars.ContextVar("tierkv_kept", default=frozenset())
+_KEPT: contextvars.ContextVar[tuple[object, set[int] | frozenset[int]]] = contextvars.ContextVar(
+    "tierkv_kept", default=(None, frozenset())
+)
 
 #: up to this many keys the walk goes key by key (:meth:`Index.walk_rows`)
 _WALK_BY_KEY = 24
@@ -275,8 +277,10 @@ class Index:
         c = self.cols
         if c.pins[row] or c.moving[row] or (tenant is not None and c.pairs[c.st[row]][1][:16] != tenant):
             return None
-        if bottom and row in _KEPT.get():
-            return None
+        if bottom:
+            owner, kept = _KEPT.get()
+            if owner is self and row in kept:
+                return None
         return c.get("nbytes", c.nbytes, row)
 
     def touch(self, e: Entry) -> None:
@@ -317,7 +321,7 @@ class Index:
         ones, while concurrent puts still make room as before. Yields the set of kept rows;
         :func:`keep_more` adds to it. (A context variable: the task's own shedding sees it.)"""
         rows = {e.row for e in entries}
-        token = _KEPT.set(rows)
+        token = _KEPT.set((self, rows))
         try:
             yield rows
         finally:
