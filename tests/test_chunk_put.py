@@ -6,6 +6,7 @@ from __future__ import annotations
 from itertools import pairwise
 from pathlib import Path
 
+import anyio
 import numpy as np
 import pytest
 from kvtest import BT, config, dram_tier, kv_for, smol_config
@@ -206,3 +207,33 @@ async def test_whole_puts_into_a_full_tier_never_break_a_prefix(policy: str) -> 
             lead = stored.index(False) if False in stored else len(stored)
             assert not any(stored[lead:])  # what is stored of this sequence is one prefix
         assert kv.invariant_violations() == []
+
+
+@pytest.mark.parametrize("dram_blocks", [64, 20])
+async def test_a_batched_put_cancelled_anywhere_stores_a_sound_prefix(tmp_path: Path, dram_blocks: int) -> None:
+    """A put of more than 16 MiB goes to the DRAM tier in batches (copied on two threads); cancelled
+    at any point it stores a whole prefix of right bytes or nothing, and leaves the index, the tiers'
+    used bytes and the pins sound (a DRAM tier smaller than the put: the batch stops where it is full
+    and the rest goes block by block, demoting to pfs)."""
+    n = 48 * BT
+    full = kv_for(n, seed=9)
+    assert full.nbytes >= 16 << 20
+    cfg = config(tmp_path, dram=dram_blocks * full[:, :, :BT].nbytes, pfs="64MiB")
+    async with await TierKV.open(cfg) as kv:
+        for i, delay in enumerate((0.0, 0.0005, 0.002, 0.008, 0.03, None)):
+            toks = [i * 1_000_000 + t for t in range(n)]
+            if delay is None:
+                r = await kv.put(toks, full)
+                assert r.tokens == n and r.new_blocks == 48
+            else:
+                with anyio.move_on_after(delay):
+                    await kv.put(toks, full)
+            await kv.drain()
+            assert kv.invariant_violations() == []
+            got = await kv.get(toks)
+            assert got.tokens % BT == 0
+            if got.tokens:
+                assert got.kv.tobytes() == full[:, :, : got.tokens].tobytes()
+            stored = [k.hex() in kv._s.index.entries for k in kv._s.keys(toks, None)[1]]
+            lead = stored.index(False) if False in stored else len(stored)
+            assert got.tokens == lead * BT and not any(stored[lead:])

@@ -39,8 +39,13 @@ if TYPE_CHECKING:
 
 __all__ = ["Writer"]
 
-#: a put's blocks go to the fastest tier in batches of at most this many bytes (Durable.store_batch)
-_BATCH_BYTES = 64 << 20
+#: a put's blocks go to the fastest tier in batches of at most this many bytes (Durable.store_batch):
+#: one batch's copy is what a cancel of the put waits for at most (~10-30 ms at memory speed)
+_BATCH_BYTES = 32 << 20
+#: only a put of at least this many new bytes is batched: what a tier copies on two cores
+#: (the DRAM tier's ``large_copies = "auto"``); a smaller put goes block by block, a cancel
+#: taking effect after the block being copied
+_BATCH_MIN = 16 << 20
 
 
 class Writer:
@@ -132,7 +137,8 @@ class Writer:
             with self.s.index.kept(own) as held:
                 prepared = (prepare() if direct else await anyio.to_thread.run_sync(prepare)) if todo else []
                 done = 0
-                if direct and not durable and not on_device and len(prepared) > 1:
+                batchable = direct and not durable and not on_device and len(prepared) > 1
+                if batchable and sum(nbytes_of(d) for _, d, _ in prepared) >= _BATCH_MIN:
                     # the blocks in batches of at most _BATCH_BYTES: one backend call each (a tier
                     # copies a large batch on two cores), one batch's copy at most between checkpoints
                     while done < len(prepared):
