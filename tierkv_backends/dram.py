@@ -32,8 +32,8 @@ Options (all optional):
     two cores; ``auto`` splits array copies of at least 16 MiB on a machine with
     more than one CPU and slices the rest. A single core's copy does not reach
     the memory's bandwidth on small VMs: on the 2-vCPU development VM a
-    multi-block ``get(out=)`` of 94 MB went from 0.49x to 0.97x, and a put
-    (its new blocks written in batches) from 0.36x to 0.74x a single-threaded
+    multi-block ``get(out=)`` of 94 MB went from 0.49x to 0.82-0.97x, and a put
+    (its new blocks written in batches) from 0.36x to 0.54-0.74x a single-threaded
     ``np.copyto`` of the same bytes (``benchmarks/bench_api.py``;
     ``benchmarks/results/2026-12-02-session6.txt``); one 5.6 MB block alone is
     slower split (the worker's wake-up and the GIL hand-offs cost more than half
