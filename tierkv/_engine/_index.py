@@ -131,6 +131,8 @@ class Index:
         #: parent (the key of the last whole block, or the chain seed), so a lookup probes
         #: only the few tail lengths present (:meth:`find_tail`)
         self.tails: dict[bytes, dict[int, int]] = {}
+        #: rows some put keeps (:meth:`kept`) -> how many puts keep them
+        self.kept_all: dict[int, int] = {}
         self.token_nbytes = max(1, s.block_nbytes // s.block_tokens)
 
     def owns(self, e: Entry) -> bool:
@@ -270,16 +272,19 @@ class Index:
         """The tokens a tail entry covers."""
         return e.nbytes // self.token_nbytes
 
-    def evictable(self, row: int, tenant: bytes | None, *, bottom: bool = False) -> int | None:
+    def evictable(
+        self, row: int, tenant: bytes | None, *, bottom: bool = False, background: bool = False
+    ) -> int | None:
         """The size of indexed ``row``'s block if it may be chosen as a victim now (not pinned,
-        not being relocated, ``tenant``'s when given, and not :meth:`kept` when the victim would be
-        lost: ``bottom``), else None."""
+        not being relocated, ``tenant``'s when given, and, when the victim would be lost
+        (``bottom``), not :meth:`kept` by the calling task or, for ``background`` shedding, by
+        any), else None."""
         c = self.cols
         if c.pins[row] or c.moving[row] or (tenant is not None and c.pairs[c.st[row]][1][:16] != tenant):
             return None
         if bottom:
             owner, kept = _KEPT.get()
-            if owner is self and row in kept:
+            if (owner is self and row in kept) or (background and row in self.kept_all):
                 return None
         return c.get("nbytes", c.nbytes, row)
 
@@ -314,18 +319,22 @@ class Index:
                 e.pins -= 1
 
     @contextlib.contextmanager
-    def kept(self, entries: Sequence[Entry]) -> Iterator[set[int]]:
-        """While the ``with`` block runs, the calling task never chooses ``entries`` as victims
-        where a victim is lost (the bottom healthy tier; above it they may still move down);
-        other tasks may. A put keeps its own chain so: its later blocks must not evict its earlier
-        ones, while concurrent puts still make room as before. Yields the set of kept rows;
-        :func:`keep_more` adds to it. (A context variable: the task's own shedding sees it.)"""
-        rows = {e.row for e in entries}
-        token = _KEPT.set((self, rows))
+    def kept(self, entries: Sequence[Entry]) -> Iterator[Kept]:
+        """While the ``with`` block runs, ``entries`` are not chosen as victims where a victim is
+        lost (the bottom healthy tier; above it they may still move down) by the calling task's
+        own shedding nor by background shedding (watermarks, room for promotions); other tasks'
+        writes may still evict them. A put keeps its own chain so: its later blocks must not evict
+        its earlier ones, while concurrent puts make room as before. Yields a :class:`Kept`
+        (``add`` keeps one more). The calling task is told apart by a context variable."""
+        k = Kept(self)
+        token = _KEPT.set((self, k.rows))
         try:
-            yield rows
+            for e in entries:
+                k.add(e)
+            yield k
         finally:
             _KEPT.reset(token)
+            k.release()
 
     def set_backing(self, e: Entry, ti: int) -> None:
         """Point the durable copy of ``e`` at tier ``ti`` (-1: none), keeping each
@@ -517,6 +526,8 @@ class Index:
         durable copies, checkpoint copies and manifests) and no reservation, and for a tier
         without a codec its ``details["logical_bytes"]`` equals the indexed bytes."""
         out: list[str] = []
+        if quiescent and self.kept_all:
+            out.append(f"{len(self.kept_all)} rows still kept by puts that ended")
         expect_blocks = [0] * len(self.s.tiers)
         expect_bytes = [0] * len(self.s.tiers)
         for k, e in self.entries.items():
@@ -568,6 +579,33 @@ class Index:
         return out
 
 
-def keep_more(kept: set[int], e: Entry) -> None:
-    """Keep ``e`` too, until the :meth:`Index.kept` block that yielded ``kept`` ends."""
-    kept.add(e.row)
+class Kept:
+    """The rows one put keeps (:meth:`Index.kept`)."""
+
+    __slots__ = ("_ix", "rows")
+
+    def __init__(self, ix: Index) -> None:
+        self._ix = ix
+        self.rows: set[int] = set()
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def add(self, e: Entry) -> None:
+        """Keep ``e`` too, until the ``with`` block ends."""
+        r = e.row
+        if r < 0 or r in self.rows:
+            return
+        self.rows.add(r)
+        counts = self._ix.kept_all
+        counts[r] = counts.get(r, 0) + 1
+
+    def release(self) -> None:
+        counts = self._ix.kept_all
+        for r in self.rows:
+            n = counts.get(r, 0) - 1
+            if n > 0:
+                counts[r] = n
+            else:
+                counts.pop(r, None)
+        self.rows.clear()

@@ -83,13 +83,13 @@ class Mover:
             for ti in range(len(self.s.tiers)):
                 need = bytes_to_shed(self.s.loads()[ti])
                 if need > 0:
-                    await self.shed(ti, need)
+                    await self.shed(ti, need, background=True)
 
     async def make_room(self, ti: int, nbytes: int) -> None:
         s = self.s.tiers[ti].backend.stats()
         need = nbytes - (s.capacity_bytes - s.used_bytes)
         if need > 0:
-            await self.shed(ti, need)
+            await self.shed(ti, need, background=True)
 
     def rank_of(self, e: Entry) -> int:
         """The quantised eviction key of ``e`` (higher stays), computed when it is placed or
@@ -152,11 +152,13 @@ class Mover:
             if t.queue.holds(e.row) and t.lru.has(e.row):
                 t.queue.requeue(e.row, e.rank)
 
-    def pick_victims(self, ti: int, need: int, tenant: bytes | None = None) -> list[Entry]:
+    def pick_victims(self, ti: int, need: int, tenant: bytes | None = None, *, background: bool = False) -> list[Entry]:
         """Tier ``ti``'s blocks that should leave it first, until ``need`` bytes: the least
         recently used (LRU policy, adaptive on recency) or lowest-keyed (predictive) serving copies, then the
-        durable-only copies, oldest access first. Pinned blocks, blocks being relocated and
-        (with ``tenant``) other tenants' blocks are passed over. Costs O(victims + passed
+        durable-only copies, oldest access first. Pinned blocks, blocks being relocated,
+        (with ``tenant``) other tenants' blocks and, at the bottom tier, the blocks a put keeps
+        (``Index.kept``: the calling put's own, or every put's for ``background`` shedding) are
+        passed over. Costs O(victims + passed
         over) per call, not O(tier): the ranking is kept up to date on access."""
         self.refresh_ranking()  # attention reported since the last access re-keys first
         tier = self.s.tiers[ti]
@@ -168,7 +170,7 @@ class Mover:
         bottom = lower_tier(self.s.loads(), ti) is None  # a victim here is lost, not moved down
 
         def want(r: int) -> int | None:
-            return index.evictable(r, tenant, bottom=bottom)
+            return index.evictable(r, tenant, bottom=bottom, background=background)
 
         if self.s.sched.recency:  # the lru policy, or the adaptive one on recency now
             for r in tier.lru.rows():
@@ -192,7 +194,7 @@ class Mover:
                 freed += e.nbytes
         return victims
 
-    async def shed(self, ti: int, need: int, *, tenant: bytes | None = None) -> int:
+    async def shed(self, ti: int, need: int, *, tenant: bytes | None = None, background: bool = False) -> int:
         """Move (or, at the bottom, drop) enough of tier ``ti``'s lowest-ranked blocks to free
         ``need`` bytes there (only ``tenant``'s blocks, when given: a quota); returns the
         bytes actually freed on ``ti``.
@@ -202,7 +204,7 @@ class Mover:
         ``ti`` before its turn is passed over (a concurrent invalidate, evict or move).
         The relocations are shielded: a cancelled caller never leaves half a move behind."""
         index = self.s.index.entries
-        victims = self.pick_victims(ti, need, tenant)
+        victims = self.pick_victims(ti, need, tenant, background=background)
         freed = 0
         with self.s.index.pinned(victims), anyio.CancelScope(shield=True):
             dest = lower_tier(self.s.loads(), ti)

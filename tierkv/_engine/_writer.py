@@ -28,7 +28,6 @@ from ..backend import SupportsArrayIO, SupportsDeviceIO
 from ..errors import CapacityError, InputError, TierUnavailableError
 from ._durable import BlockData, flat, nbytes_of
 from ._entry import handle
-from ._index import keep_more
 from ._results import PutResult
 from ._service import Rebalance
 from ._tags import ZERO32, checksum, pack_tag, root_of
@@ -160,7 +159,7 @@ class Writer:
                         for (key, _, _, _, _), new in zip(items, flags, strict=False):
                             placed_e = self.s.index.entries.get(key)
                             if placed_e is not None:
-                                keep_more(held, placed_e)
+                                held.add(placed_e)
                             if new:
                                 stored += 1
                                 if placed_e is not None and self.s.tiers[placed_e.tier].name not in tiers_used:
@@ -192,7 +191,7 @@ class Writer:
                         continue
                     placed_e = self.s.index.entries.get(key)
                     if placed_e is not None:
-                        keep_more(held, placed_e)
+                        held.add(placed_e)
                     if placed:
                         stored += 1
                         if placed_e is not None and self.s.tiers[placed_e.tier].name not in tiers_used:
