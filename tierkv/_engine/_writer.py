@@ -134,6 +134,24 @@ class Writer:
         span = span_cm.__enter__()
         try:
             with self.s.index.kept(own) as held:
+
+                def tag_of(i: int, data: BlockData, crc: int) -> tuple[bytes, bytes]:
+                    """(parent key, tag) of block ``i``."""
+                    parent = keys[i - 1] if i else ZERO32
+                    return parent, pack_tag(
+                        self.s.model_scope, tid, parent, i, crc, nbytes_of(data), root, checked=checked
+                    )
+
+                def account(key: str, new: bool) -> int:
+                    """Keep block ``key`` just stored (or found) for the rest of the put, note its
+                    tier; 1 if this put stored it, else 0."""
+                    e = self.s.index.entries.get(key)
+                    if e is not None:
+                        held.add(e)
+                        if new and self.s.tiers[e.tier].name not in tiers_used:
+                            tiers_used.append(self.s.tiers[e.tier].name)
+                    return int(new)
+
                 prepared = (prepare() if direct else await anyio.to_thread.run_sync(prepare)) if todo else []
                 done = 0
                 batchable = direct and not durable and not on_device and len(prepared) > 1
@@ -149,28 +167,18 @@ class Writer:
                             end += 1
                         items = []
                         for i, data, crc in prepared[done:end]:
-                            parent = keys[i - 1] if i else ZERO32
-                            tag = pack_tag(
-                                self.s.model_scope, tid, parent, i, crc, nbytes_of(data), root, checked=checked
-                            )
+                            parent, tag = tag_of(i, data, crc)
                             items.append((keys[i].hex(), data, tag, i, parent))
                         with anyio.CancelScope(shield=True):
                             flags = await self.s.durable.store_batch(items, tid, root, label)
                         for (key, _, _, _, _), new in zip(items, flags, strict=False):
-                            placed_e = self.s.index.entries.get(key)
-                            if placed_e is not None:
-                                held.add(placed_e)
-                            if new:
-                                stored += 1
-                                if placed_e is not None and self.s.tiers[placed_e.tier].name not in tiers_used:
-                                    tiers_used.append(self.s.tiers[placed_e.tier].name)
+                            stored += account(key, new)
                         done += len(flags)
                         await anyio.lowlevel.checkpoint_if_cancelled()
                         if len(flags) < len(items):
                             break  # the rest one by one
                 for i, data, crc in prepared[done:]:
-                    parent = keys[i - 1] if i else ZERO32
-                    tag = pack_tag(self.s.model_scope, tid, parent, i, crc, nbytes_of(data), root, checked=checked)
+                    parent, tag = tag_of(i, data, crc)
                     key = keys[i].hex()
                     try:
                         with anyio.CancelScope(shield=True):
@@ -189,13 +197,7 @@ class Writer:
                         )
                         await self.s.durable.await_concurrent_store(key, store, data, tag, durable)
                         continue
-                    placed_e = self.s.index.entries.get(key)
-                    if placed_e is not None:
-                        held.add(placed_e)
-                    if placed:
-                        stored += 1
-                        if placed_e is not None and self.s.tiers[placed_e.tier].name not in tiers_used:
-                            tiers_used.append(self.s.tiers[placed_e.tier].name)
+                    stored += account(key, placed)
                     await anyio.lowlevel.checkpoint_if_cancelled()
             index = self.s.index
             head = index.find_rows(keys[:first])  # the blocks before ``start``, as arrays when many
