@@ -173,6 +173,16 @@ async def run_random_workload(
     untyped: list[BaseException] = []
     async with serving(cfg) as kv:
         deadline = anyio.current_time() + seconds
+        # on a slow machine the run goes on past ``seconds`` (to at most 4x) until each kind of
+        # operation the assertions below count has happened at least once
+        hard_deadline = anyio.current_time() + 4 * seconds
+
+        def running() -> bool:
+            now = anyio.current_time()
+            covered = all(counts[c] > 0 for c in ("cancelled", "hits", "paged_hits")) and (
+                counts["tail_hits"] > 0 or not partial
+            )
+            return now < deadline or (not covered and now < hard_deadline)
 
         async def paged_op(kv: TierKV, rng: random.Random, fam: int, n: int) -> None:
             eb = PAGED.block_size
@@ -197,7 +207,7 @@ async def run_random_workload(
 
         async def worker(w: int) -> None:
             rng = random.Random(seed * 1000 + w)
-            while anyio.current_time() < deadline:
+            while running():
                 fam = rng.randrange(24)
                 n = rng.randrange(1, 5) * BT + rng.randrange(BT)
                 op = rng.random()
