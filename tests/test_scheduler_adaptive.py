@@ -9,6 +9,7 @@ import random
 import pytest
 
 from tierkv._scheduling import SchedulerState
+from tierkv.errors import ConfigError
 from tierkv.lab.policies.library import LibraryPolicy, tokens_of
 from tierkv.lab.replay import load_trace, replay, truncate
 from tierkv.lab.synth import write_synthetic
@@ -72,6 +73,35 @@ def test_adapter_goes_back_to_recency_when_the_predictor_stops_winning() -> None
     # failed trials of the predictor wait longer and longer: most of the run is on recency
     assert sum(late) > 0.8 * len(late), sum(late) / len(late)
     assert ad.recency_hits > 2 * ad.hits[0]
+
+
+def _requests_to_recency(ad: TauAdapter, warm: int) -> int:
+    """Requests of the flipped world until the adapter goes to recency, after ``warm`` requests of the
+    world where the predictor wins."""
+    _drive(ad, _scan_world(warm))
+    assert not ad.recency_mode
+    modes = _drive(ad, _flipped(4000, float(warm)))
+    return modes.index(True) if True in modes else len(modes)
+
+
+@pytest.mark.parametrize("warm", [1000, 6000])
+def test_adapter_follows_a_phase_change_whatever_the_predictor_won_before(warm: int) -> None:
+    """A lead the predictor banked in an earlier phase does not hold the cache through a phase where
+    recency wins: the mode's counts decay fast (``mode_decay``) and the real cache's lead is capped
+    (``lead_cap``), so the switch comes within a few decisions however long the first phase was;
+    with the tau candidates' slow decay and no cap it waits dozens of times longer."""
+    capped = _requests_to_recency(TauAdapter((300.0,), 300.0, 24, every=8, recency=True, bypass=False), warm)
+    slow = TauAdapter((300.0,), 300.0, 24, every=8, recency=True, bypass=False, mode_decay=0.98, lead_cap=1e9)
+    uncapped = _requests_to_recency(slow, warm)
+    assert capped <= 8 * 8, capped  # 8 decisions of 8 requests (measured: 15 requests)
+    assert uncapped >= 5 * capped, (capped, uncapped)  # (measured: 759, 791)
+
+
+def test_adapter_rejects_bad_mode_parameters() -> None:
+    for kw in ({"mode_decay": 0.0}, {"mode_decay": 1.5}, {"lead_cap": -1.0}, {"lead_cap": math.inf}):
+        with pytest.raises(ConfigError) as err:
+            TauAdapter((300.0,), 300.0, 24, recency=True, **kw)  # type: ignore[arg-type]
+        assert next(iter(kw)) in str(err.value)
 
 
 def test_adapter_trials_cost_a_shrinking_fraction() -> None:

@@ -58,11 +58,14 @@ class TauAdapter:
         "_decay",
         "_every",
         "_hits",
+        "_lead_cap",
         "_live_buf",
         "_live_hits",
         "_margin",
+        "_mode_decay",
         "_next",
         "_rec",
+        "_rec_fast",
         "_rec_hits",
         "_requests",
         "_sample",
@@ -91,6 +94,8 @@ class TauAdapter:
         margin: float = 0.02,
         every: int = 32,
         decay: float = 0.98,
+        mode_decay: float = 0.95,
+        lead_cap: float = 1.0,
         recency: bool = False,
         bypass: bool = True,
     ) -> None:
@@ -105,14 +110,19 @@ class TauAdapter:
                 raise ConfigError(name, v, "an integer >= 1")
         if not (isinstance(margin, (int, float)) and math.isfinite(margin) and margin >= 0):
             raise ConfigError("margin", margin, "a finite number >= 0")
-        if not (isinstance(decay, (int, float)) and 0 < decay <= 1):
-            raise ConfigError("decay", decay, "a number in (0, 1]")
+        for name, f in (("decay", decay), ("mode_decay", mode_decay)):
+            if isinstance(f, bool) or not (isinstance(f, (int, float)) and 0 < f <= 1):
+                raise ConfigError(name, f, "a number in (0, 1]")
+        if isinstance(lead_cap, bool) or not (isinstance(lead_cap, (int, float)) and 0 <= lead_cap < math.inf):
+            raise ConfigError("lead_cap", lead_cap, "a finite number >= 0")
         self.taus = tuple(float(t) for t in taus)
         self.tau = float(start)
         self._sample = sample_blocks
         self._margin = float(margin)
         self._every = every
         self._decay = float(decay)
+        self._mode_decay = float(mode_decay)
+        self._lead_cap = float(lead_cap)
         self._hits = [0.0] * len(self.taus)
         # per candidate: resident block -> quantised key, key -> FIFO of blocks, heap of keys with a bucket
         self._caches: list[tuple[dict[int, int], dict[int, deque[int]], list[int], float]] = [
@@ -130,9 +140,10 @@ class TauAdapter:
         self._backoff = self._BACKOFF0  # decisions on recency before the next trial of the predictor
         self._wait = 0
         self._live_buf = 0  # sampled hits of the real cache since the last decision
-        self._live_hits = 0.0  # and their decayed count
+        self._live_hits = 0.0  # and their decayed count (``mode_decay``)
         self._rec: OrderedDict[int, None] = OrderedDict()
         self._rec_hits = 0.0
+        self._rec_fast = 0.0  # the LRU shadow's sampled hits decayed by ``mode_decay`` (vs _live_hits)
         self._since_compact = 0
         self._requests = 0
         self._next = every
@@ -159,6 +170,8 @@ class TauAdapter:
         self._hits = [0.0] * len(self.taus)
         self._rec.clear()
         self._rec_hits = 0.0
+        self._rec_fast = 0.0
+        self._live_hits = 0.0
         self._buf_b.clear()
         self._buf_v.clear()
         self._buf_t.clear()
@@ -257,6 +270,7 @@ class TauAdapter:
                     if len(rec) > cap:
                         rec.popitem(last=False)
             self._rec_hits += h
+            self._rec_fast += h
             self._live_hits += self._live_buf
         self._live_buf = 0
         sb.clear()
@@ -276,7 +290,13 @@ class TauAdapter:
         * on the predictor, recency takes the cache back as soon as its shadow leads *the real cache*
           (its sampled hits, :meth:`add`'s ``hit``: what the predictor really achieves, whatever its
           shadow says) at all, once the ``_GRACE`` decisions after a switch to the predictor have
-          passed (the features settle);
+          passed (the features settle). These two counts decay by ``mode_decay`` (0.95: about the
+          last 20 decisions), faster than the candidates' ``decay``: the mode must follow a
+          workload's phases. And the real cache's lead is capped at ``lead_cap`` decisions' worth of
+          the shadow's hits (a saturating counter, as set dueling's selector): a lead banked in a
+          phase where prediction won cannot hold the cache on the predictor through a later phase
+          where recency wins (on the bursty shape, recency's 5-7% per decision would need dozens of
+          decisions to pay back an uncapped lead);
         * on recency, the predictor gets the cache back when its (pessimistic) shadow leads by the
           margin anyway, or for a *trial* once ``_wait`` decisions have passed: both counts restart
           equal, and a trial that fails doubles the wait (up to ``_BACKOFF_MAX``), one that lasts
@@ -292,7 +312,7 @@ class TauAdapter:
             self._wait -= 1
             if cur_hits <= rec * (1.0 + self._margin) and self._wait > 0:
                 return None
-            self._live_hits = rec  # from now on the real cache answers for the predictor
+            self._live_hits = self._rec_fast  # from now on the real cache answers for the predictor
             if cur_hits <= rec * (1.0 + self._margin):  # a trial: the evidence restarts level
                 for i in range(len(hits)):
                     hits[i] = rec
@@ -303,7 +323,7 @@ class TauAdapter:
         self._age += 1
         if self._age == self._TRIAL:
             self._backoff = self._BACKOFF0  # the predictor held: a later failure waits little
-        if self._age <= self._GRACE or rec <= live:
+        if self._age <= self._GRACE or self._rec_fast <= live:
             return None
         self.recency_mode = True  # no margin: recency is the safe side
         if self._age < self._TRIAL:
@@ -361,5 +381,9 @@ class TauAdapter:
         for i in range(len(hits)):
             hits[i] *= d
         self._rec_hits *= d
-        self._live_hits *= d
+        md = self._mode_decay
+        self._rec_fast *= md
+        self._live_hits *= md
+        if not self.recency_mode:  # the predictor's banked lead is capped (see _choose_mode)
+            self._live_hits = min(self._live_hits, self._rec_fast * (1.0 + self._lead_cap * (1.0 - md)))
         return new
