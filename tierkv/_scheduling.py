@@ -113,6 +113,7 @@ from .scheduler import (
     placement_value,
     size_bucket,
 )
+from .scheduler._admission import FrequencySketch
 from .scheduler._importance import BlockImportance
 from .scheduler._predictor import BLOCK_TYPES as _BT
 from .scheduler._response import ResponseModel, response_class
@@ -229,6 +230,8 @@ class SchedulerState:
             )
         self.tau_candidates = tuple(float(t) for t in cands)
         self.tau_adapter: TauAdapter | None = None  # made by set_capacity_blocks
+        #: (adaptive policy) every block access's count, for the admission filter (Writer)
+        self.sketch: FrequencySketch | None = None
         self.promote = opt_bool(options, "promote", True, prefix="scheduler")
         self.max_transfers = opt_int(options, "max_transfers_per_tier", 4, prefix="scheduler", minimum=1)
         self.max_fetches = opt_int(options, "max_concurrent_fetches", 64, prefix="scheduler", minimum=1)
@@ -374,6 +377,19 @@ class SchedulerState:
             self.tau_adapter = TauAdapter(taus, self.tau_s, blocks, recency=adaptive, bypass=not adaptive)
         else:
             self.tau_adapter.resize(blocks)
+        if adaptive:
+            if self.sketch is None:
+                self.sketch = FrequencySketch(blocks)
+            else:
+                self.sketch.resize(blocks)
+
+    @property
+    def admit(self) -> bool:
+        """Whether a put into a full cache admits only blocks more frequent than the next victim
+        (the adaptive policy while it follows recency and its admission shadow beats plain
+        recency: the shadow models LRU with the filter, not the predictor's ranking with it)."""
+        ad = self.tau_adapter
+        return ad is not None and ad.admit_mode and ad.recency_mode and self.sketch is not None
 
     def observe_ranked(self, block: int, cell: int, now: float, fanout: int = 0, hit: bool = False) -> None:
         """One block access, in the order the cache admits a request's blocks (leaf first): feeds

@@ -273,6 +273,8 @@ class Reader:
             reused = now - e.t_last <= pred.horizon
             tel.calibration.add(1, {"bin": pbin(e.p_pred), "outcome": "reused" if reused else "not_reused"})
         hit = e.count > 0  # held before this request (a block stored by this put has count 0)
+        if hit and sched.sketch is not None:  # (a new block was counted by the put that stored it)
+            sched.sketch.add(shadow_id(e.key))
         e.count += 1
         e.t_last = t_last
         e.cell = sched.cell(

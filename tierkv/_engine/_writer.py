@@ -53,6 +53,33 @@ class Writer:
     def __init__(self, s: Store) -> None:
         self.s = s
 
+    def _admitted(self, keys: list[bytes], todo: list[int]) -> list[int]:
+        """The adaptive policy's admission filter (synchronous): count the put's missed blocks in
+        the frequency sketch; while admission is on (``SchedulerState.admit``) and the cache has no
+        room for them, keep ``todo`` only up to the first missed block that is not more frequent
+        than the cache's next victim (the blocks after it would be unreachable). A block in
+        ``todo`` that is stored already (a durable copy wanted) is never cut for itself."""
+        sched = self.s.sched
+        sk = sched.sketch
+        assert sk is not None
+        entries = self.s.index.entries
+        new = [entries.get(keys[i].hex()) is None for i in todo]
+        counts = [sk.add(shadow_id(keys[i].hex())) if n else 0 for i, n in zip(todo, new, strict=True)]
+        if not sched.admit:
+            return todo
+        loads = self.s.loads()
+        if sum(ld.free for ld in loads if ld.healthy) >= sum(new) * self.s.block_nbytes:
+            return todo
+        bottom = next((ti for ti in range(len(loads) - 1, -1, -1) if loads[ti].healthy), None)
+        victims = self.s.mover.pick_victims(bottom, 1) if bottom is not None else []
+        if not victims:
+            return todo
+        victim = sk.get(shadow_id(victims[0].key))
+        for j, (n, c) in enumerate(zip(new, counts, strict=True)):
+            if n and c <= victim:
+                return todo[:j]
+        return todo
+
     async def put_blocks(
         self,
         arr_tokens: np.ndarray[Any, Any],
@@ -99,6 +126,8 @@ class Writer:
                 existing += 1
                 self.s.index.touch(e)
                 own.append(e)
+        if todo and self.s.sched.sketch is not None:
+            todo = self._admitted(keys, todo)
         tiers_used: list[str] = []
         stored = 0
 

@@ -2,7 +2,9 @@
 
 * :class:`ReusePredictor` -- Beta posteriors per (block type x transition) with per-block evidence.
 * :class:`ResponseModel` -- per answer-length class calibration, applied when a request completes.
-* :class:`TauAdapter` -- online choice of the ranking's recency time constant by sampled shadow caches.
+* :class:`TauAdapter` -- online choice of the ranking's recency time constant by sampled shadow caches, and
+  (adaptive policy) of recency, recency with frequency admission, or the predictor.
+* :class:`FrequencySketch` -- recent access counts per block (TinyLFU's history) for the admission filter.
 * :class:`HeadImportance` -- head-granular EMA attention importance (GQA max, MLA per layer).
 * :class:`PrefetchPlanner` -- RoPE-aware prefetch plan per layer class (sliding/global, sinks, importance);
   :class:`PrefetchWindow` the span EMA per class (and the old readahead).
@@ -16,6 +18,7 @@ Importing this package does no I/O and imports neither matplotlib nor torch. The
 measures these decisions offline is :mod:`tierkv.lab` (it imports this package; this package never imports it).
 """
 
+from ._admission import FrequencySketch
 from ._breaker import BreakerState, CircuitBreaker
 from ._gate import (
     UNMEASURED_PESSIMISM,
@@ -60,6 +63,7 @@ from ._survival import RenewalHazard, age_bin, bin_lower_edges, hit_density, km_
 from ._tau import TauAdapter
 
 __all__ = [
+    "FrequencySketch",
     "BLOCK_TYPES",
     "DEFAULT_TIER_USD_PER_GB_HOUR",
     "TRANSITIONS",

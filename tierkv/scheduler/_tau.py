@@ -29,6 +29,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 from ..errors import ConfigError
+from ._admission import FrequencySketch
 from ._buckets import PROVISIONAL_RANK, bucketize, lowest, push
 
 __all__ = ["TauAdapter"]
@@ -46,6 +47,10 @@ class TauAdapter:
     """
 
     __slots__ = (
+        "_adm",
+        "_adm_freq",
+        "_adm_hits",
+        "_adm_slow",
         "_age",
         "_backoff",
         "_buf_b",
@@ -72,6 +77,7 @@ class TauAdapter:
         "_since_compact",
         "_thr",
         "_wait",
+        "admit_mode",
         "recency",
         "recency_mode",
         "tau",
@@ -143,6 +149,14 @@ class TauAdapter:
         self._live_hits = 0.0  # and their decayed count (``mode_decay``)
         self._rec: OrderedDict[int, None] = OrderedDict()
         self._rec_hits = 0.0
+        # (with ``recency``) the admission shadow: an LRU of the same sampled accesses that admits a
+        # missed block into a full cache only if it is more frequent than the victim (TinyLFU's
+        # filter, as Writer applies it while ``admit_mode``), and its hits (``mode_decay``)
+        self._adm: OrderedDict[int, None] = OrderedDict()
+        self._adm_freq = FrequencySketch(1)
+        self._adm_hits = 0.0
+        self._adm_slow = 0.0  # the same hits decayed by ``decay`` (vs the predictive shadows')
+        self.admit_mode = False
         self._rec_fast = 0.0  # the LRU shadow's sampled hits decayed by ``mode_decay`` (vs _live_hits)
         self._since_compact = 0
         self._requests = 0
@@ -171,6 +185,9 @@ class TauAdapter:
         self._rec.clear()
         self._rec_hits = 0.0
         self._rec_fast = 0.0
+        self._adm.clear()
+        self._adm_freq = FrequencySketch(cap)
+        self._adm_hits = self._adm_slow = 0.0
         self._live_hits = 0.0
         self._buf_b.clear()
         self._buf_v.clear()
@@ -272,6 +289,9 @@ class TauAdapter:
             self._rec_hits += h
             self._rec_fast += h
             self._live_hits += self._live_buf
+            h = self._serve_admission()
+            self._adm_hits += h
+            self._adm_slow += h
         self._live_buf = 0
         sb.clear()
         sv.clear()
@@ -306,13 +326,13 @@ class TauAdapter:
         """
         hits = self._hits
         cur_hits = hits[cur] if cur >= 0 else max(hits)
-        rec = self._rec_hits
+        rec = max(self._rec_hits, self._adm_slow)  # recency's best, in the candidates' decay
         live = self._live_hits
         if self.recency_mode:
             self._wait -= 1
             if cur_hits <= rec * (1.0 + self._margin) and self._wait > 0:
                 return None
-            self._live_hits = self._rec_fast  # from now on the real cache answers for the predictor
+            self._live_hits = self._recency_best()  # from now on the real cache answers for the predictor
             if cur_hits <= rec * (1.0 + self._margin):  # a trial: the evidence restarts level
                 for i in range(len(hits)):
                     hits[i] = rec
@@ -323,7 +343,7 @@ class TauAdapter:
         self._age += 1
         if self._age == self._TRIAL:
             self._backoff = self._BACKOFF0  # the predictor held: a later failure waits little
-        if self._age <= self._GRACE or self._rec_fast <= live:
+        if self._age <= self._GRACE or self._recency_best() <= live:
             return None
         self.recency_mode = True  # no margin: recency is the safe side
         if self._age < self._TRIAL:
@@ -364,6 +384,50 @@ class TauAdapter:
             lo = hi
         return h
 
+    def _serve_admission(self) -> int:
+        """Serve the buffered requests in the admission shadow (see :meth:`_choose_admission`): per
+        request (buffered leaf first) every block is counted, then its missed blocks are admitted
+        root first until one is not more frequent than the victim the cache had when the request
+        came (a block after it would be unreachable), then the request is touched leaf first."""
+        sb, rec, freq, cap = self._buf_b, self._adm, self._adm_freq, self._cap
+        h = lo = 0
+        for hi in self._buf_r:
+            for x in range(lo, hi):
+                b = sb[x]
+                if b in rec:
+                    h += 1
+                freq.add(b)
+            victim = freq.get(next(iter(rec))) if len(rec) >= cap else -1
+            for x in range(hi - 1, lo - 1, -1):
+                b = sb[x]
+                if b in rec:
+                    continue
+                if freq.get(b) <= victim:
+                    break
+                rec[b] = None
+                if len(rec) > cap:
+                    rec.popitem(last=False)
+            for x in range(lo, hi):
+                b = sb[x]
+                if b in rec:
+                    rec.move_to_end(b)
+            lo = hi
+        return h
+
+    def _recency_best(self) -> float:
+        """What recency scores (``mode_decay`` counts): plain, or with admission where that is better."""
+        return max(self._rec_fast, self._adm_hits)
+
+    def _choose_admission(self) -> None:
+        """Admission on or off (``recency=True``): on once the admission shadow's sampled hits lead
+        the LRU shadow's by the margin, off as soon as they fall below (both shadows are faithful in
+        either mode: they read no feature of the real cache; counts decayed by ``mode_decay``)."""
+        adm, rec = self._adm_hits, self._rec_fast
+        if self.admit_mode:
+            self.admit_mode = adm >= rec
+        else:
+            self.admit_mode = adm > rec * (1.0 + self._margin)
+
     def _choose(self, now: float) -> float | None:
         hits, taus = self._hits, self.taus
         best = max(range(len(hits)), key=hits.__getitem__)
@@ -377,13 +441,16 @@ class TauAdapter:
                 new = t
         if self.recency:
             new = self._choose_mode(now, taus.index(self.tau) if self.tau in taus else -1) or new
+            self._choose_admission()
         d = self._decay
         for i in range(len(hits)):
             hits[i] *= d
         self._rec_hits *= d
+        self._adm_slow *= d
         md = self._mode_decay
         self._rec_fast *= md
+        self._adm_hits *= md
         self._live_hits *= md
         if not self.recency_mode:  # the predictor's banked lead is capped (see _choose_mode)
-            self._live_hits = min(self._live_hits, self._rec_fast * (1.0 + self._lead_cap * (1.0 - md)))
+            self._live_hits = min(self._live_hits, self._recency_best() * (1.0 + self._lead_cap * (1.0 - md)))
         return new

@@ -1,0 +1,126 @@
+"""The adaptive policy's frequency admission (tierkv.scheduler._admission, TauAdapter's admission
+shadow, Writer._admitted): the sketch's counting and aging, the shadow choosing admission only where it
+wins, and a real TierKV whose puts into a full cache admit only blocks more frequent than the victim."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tierkv.errors import ConfigError
+from tierkv.lab.policies.library import LibraryPolicy, tokens_of
+from tierkv.scheduler import TauAdapter
+from tierkv.scheduler._admission import FrequencySketch
+
+
+def test_sketch_counts_and_halves_every_window() -> None:
+    sk = FrequencySketch(4, window=2)  # halved every 8 increments
+    assert [sk.add(1) for _ in range(5)] == [1, 2, 3, 4, 5]
+    sk.add(2)
+    sk.add(3)
+    assert (sk.get(1), sk.get(2), sk.get(3), sk.get(9)) == (5, 1, 1, 0)
+    sk.add(3)  # the 8th increment: every count halved, the ones at 1 dropped
+    assert (sk.get(1), sk.get(2), sk.get(3)) == (2, 0, 1)
+    assert len(sk) == 2
+    sk.resize(100)  # a bigger cache: a longer window, the counts kept
+    assert sk.get(1) == 2
+
+
+@pytest.mark.parametrize(("args", "kw"), [((0,), {}), ((4,), {"window": 0}), ((True,), {})])
+def test_sketch_rejects_bad_parameters(args: tuple[int], kw: dict[str, int]) -> None:
+    with pytest.raises(ConfigError):
+        FrequencySketch(*args, **kw)
+
+
+def _drive(ad: TauAdapter, reqs: list[list[int]]) -> list[bool]:
+    """Requests of block ids (root first) through the adapter; its admission mode after each."""
+    out = []
+    for t, blocks in enumerate(reqs):
+        for b in reversed(blocks):
+            if ad.sampled(b):
+                ad.add(b, 0.0, float(t))
+        ad.request(float(t))
+        out.append(ad.admit_mode)
+    return out
+
+
+def _flooded(n: int, seed: int = 1) -> list[list[int]]:
+    """A hot set of 20 blocks, reused all along, between bursts of one-shot blocks: an LRU of 24 is
+    flushed by the bursts, the admission filter keeps the one-shot blocks out."""
+    rnd = random.Random(seed)
+    reqs, nxt = [], 1_000_000
+    for _ in range(n):
+        reqs.append([rnd.randrange(20)])
+        reqs.append(list(range(nxt, nxt + 8)))
+        nxt += 8
+    return reqs
+
+
+def _turns(n: int) -> list[list[int]]:
+    """Conversations: each new session's prompt comes back, one block longer, two requests later and
+    then never again: first accesses are the ones reused (an LRU of 24 holds them), the filter keeps
+    them out."""
+    reqs: list[list[int]] = []
+    sessions: list[list[int]] = []
+    nxt = 1
+    for _ in range(n):
+        s = list(range(nxt, nxt + 3))
+        nxt += 3
+        sessions.append(s)
+        reqs.append(s)
+        if len(sessions) > 2:
+            reqs.append([*sessions[-3], nxt])
+            nxt += 1
+    return reqs
+
+
+def test_admission_turns_on_where_one_shot_blocks_flood_the_cache() -> None:
+    ad = TauAdapter((300.0,), 300.0, 24, every=8, recency=True, bypass=False)
+    modes = _drive(ad, _flooded(1500))
+    assert sum(modes[len(modes) // 2 :]) > 0.9 * (len(modes) - len(modes) // 2)
+    assert ad._adm_hits > 1.5 * ad._rec_fast
+
+
+def test_admission_stays_off_where_first_accesses_are_reused() -> None:
+    ad = TauAdapter((300.0,), 300.0, 24, every=8, recency=True, bypass=False)
+    modes = _drive(ad, _turns(3000))
+    assert sum(modes) < 0.05 * len(modes), sum(modes)
+    assert ad._rec_fast > ad._adm_hits
+
+
+def test_a_full_store_admits_only_blocks_more_frequent_than_its_victim() -> None:
+    """A real TierKV under the adaptive policy, on recency with admission forced on (fewer requests
+    than one decision): into a full cache a block seen for the first time is not stored, nor what follows it
+    in its put; seen again it is more frequent than the victim and is stored. With room, or with
+    admission off, every block is stored."""
+    pol = LibraryPolicy(8, policy="adaptive", name="adaptive")
+    try:
+        kv = pol.kv
+        ad = kv._sched.tau_adapter
+        assert ad is not None
+        ad.admit_mode = ad.recency_mode = kv._sched.recency = True  # recency with admission
+        for b in range(1, 9):  # room for each: all stored while the cache fills
+            pol.request([b], float(b), False)
+        stored = [pol.request([b], 10.0 + b, False)[0] for b in range(1, 9)]
+        assert stored == [1] * 8  # all held (and each now counted twice)
+
+        def held(ids: list[int]) -> int:
+            return pol._sync.call(kv.lookup, tokens_of(ids)).blocks
+
+        pol.request([100, 101], 20.0, False)  # first access, less frequent than the victim (2)
+        assert held([100, 101]) == 0 and held([1]) == 1
+        for t in (21.0, 22.0):
+            pol.request([100, 101], t, False)
+        assert held([100, 101]) == 2  # counted 3 times: more frequent than the victim
+        assert sum(held([b]) for b in range(1, 9)) == 6  # two victims went
+
+        ad.admit_mode = False
+        pol.request([300, 301], 30.0, False)
+        assert held([300, 301]) == 2
+        ad.admit_mode, ad.recency_mode, kv._sched.recency = True, False, False  # the predictor: no filter
+        assert not kv._sched.admit
+        pol.request([400, 401], 31.0, False)
+        assert held([400, 401]) == 2
+    finally:
+        pol.close()
