@@ -53,22 +53,25 @@ class Writer:
     def __init__(self, s: Store) -> None:
         self.s = s
 
-    def _admitted(self, keys: list[bytes], todo: list[int]) -> list[int]:
+    def _admitted(self, keys: list[bytes], todo: list[int], durable: bool) -> list[int]:
         """The adaptive policy's admission filter (synchronous): count the put's missed blocks in
         the frequency sketch; while admission is on (``SchedulerState.admit``) and the cache has no
         room for them, keep ``todo`` only up to the first missed block that is not more frequent
         than the cache's next victim (the blocks after it would be unreachable). A block in
-        ``todo`` that is stored already (a durable copy wanted) is never cut for itself."""
+        ``todo`` that is stored already (a durable copy wanted) is never cut for itself; a durable put
+        is never filtered (it promises every block committed on a persistent tier). The room is
+        what the tiers hold below their high watermarks (above them a put's rebalance sheds)."""
         sched = self.s.sched
         sk = sched.sketch
         assert sk is not None
         entries = self.s.index.entries
         new = [entries.get(keys[i].hex()) is None for i in todo]
         counts = [sk.add(shadow_id(keys[i].hex())) if n else 0 for i, n in zip(todo, new, strict=True)]
-        if not sched.admit:
+        if durable or not sched.admit:
             return todo
         loads = self.s.loads()
-        if sum(ld.free for ld in loads if ld.healthy) >= sum(new) * self.s.block_nbytes:
+        room = sum(max(0, int(ld.high_watermark * ld.capacity) - ld.used) for ld in loads if ld.healthy)
+        if room >= sum(new) * self.s.block_nbytes:
             return todo
         bottom = next((ti for ti in range(len(loads) - 1, -1, -1) if loads[ti].healthy), None)
         victims = self.s.mover.pick_victims(bottom, 1) if bottom is not None else []
@@ -127,7 +130,7 @@ class Writer:
                 self.s.index.touch(e)
                 own.append(e)
         if todo and self.s.sched.sketch is not None:
-            todo = self._admitted(keys, todo)
+            todo = self._admitted(keys, todo, durable)
         tiers_used: list[str] = []
         stored = 0
 

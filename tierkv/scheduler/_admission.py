@@ -5,8 +5,8 @@ answer is an *admission filter*: when the cache is full, a missed block is store
 accessed more often recently than the block it would evict. :class:`FrequencySketch` keeps that
 history: a count per block id over a sliding window of about ``window`` x the cache's capacity in
 accesses (every count halved when the window fills, TinyLFU's "reset"), including blocks that are not
-or no longer cached. Counts are exact (a dict), not a count-min sketch: the window bounds the ids held
-to at most ``window`` x capacity.
+or no longer cached. Counts are exact (a dict), not a count-min sketch: it holds at most about
+2 x ``window`` x capacity ids (those of the current window and the survivors of the last halving).
 
 The library's adaptive policy applies the filter only while a sampled shadow of "LRU + this filter"
 beats a plain LRU shadow (:class:`~tierkv.scheduler.TauAdapter`, ``admit_mode``): on a workload where

@@ -188,6 +188,7 @@ class TauAdapter:
         self._adm.clear()
         self._adm_freq = FrequencySketch(cap)
         self._adm_hits = self._adm_slow = 0.0
+        self.admit_mode = False
         self._live_hits = 0.0
         self._buf_b.clear()
         self._buf_v.clear()
