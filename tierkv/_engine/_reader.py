@@ -273,8 +273,9 @@ class Reader:
             reused = now - e.t_last <= pred.horizon
             tel.calibration.add(1, {"bin": pbin(e.p_pred), "outcome": "reused" if reused else "not_reused"})
         hit = e.count > 0  # held before this request (a block stored by this put has count 0)
+        sid = shadow_id(e.key)
         if hit and sched.sketch is not None:  # (a new block was counted by the put that stored it)
-            sched.sketch.add(shadow_id(e.key))
+            sched.sketch.add(sid)
         e.count += 1
         e.t_last = t_last
         e.cell = sched.cell(
@@ -288,7 +289,7 @@ class Reader:
         )
         e.p_pred = sched.p_reuse(e.cell)
         pred.observe(now, e.bid, e.cell)
-        sched.observe_ranked(shadow_id(e.key), e.cell, now, e.children, hit)
+        sched.observe_ranked(sid, e.cell, now, e.children, hit)
         self.s.mover.rerank(e)
 
     def _end_access(self, leaf: Entry | None, blocks: int, now: float, request: str | None) -> None:

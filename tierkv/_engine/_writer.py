@@ -53,19 +53,17 @@ class Writer:
     def __init__(self, s: Store) -> None:
         self.s = s
 
-    def _admitted(self, keys: list[bytes], todo: list[int], durable: bool) -> list[int]:
+    def _admitted(self, keys: list[bytes], todo: list[int], new: list[bool], durable: bool) -> list[int]:
         """The adaptive policy's admission filter (synchronous): count the put's missed blocks in
         the frequency sketch; while admission is on (``SchedulerState.admit``) and the cache has no
         room for them, keep ``todo`` only up to the first missed block that is not more frequent
-        than the cache's next victim (the blocks after it would be unreachable). A block in
-        ``todo`` that is stored already (a durable copy wanted) is never cut for itself; a durable put
+        than the cache's next victim (the blocks after it would be unreachable). ``new[j]``: block
+        ``todo[j]`` is not stored (else it is in ``todo`` for a durable copy); a durable put
         is never filtered (it promises every block committed on a persistent tier). The room is
         what the tiers hold below their high watermarks (above them a put's rebalance sheds)."""
         sched = self.s.sched
         sk = sched.sketch
         assert sk is not None
-        entries = self.s.index.entries
-        new = [entries.get(keys[i].hex()) is None for i in todo]
         counts = [sk.add(shadow_id(keys[i].hex())) if n else 0 for i, n in zip(todo, new, strict=True)]
         if durable or not sched.admit:
             return todo
@@ -111,6 +109,7 @@ class Writer:
             raise TierUnavailableError("put(durable=True) needs a healthy persistent tier (e.g. nvme or pfs)")
         tail = len(arr_tokens) - len(keys) * bt
         todo: list[int] = []
+        missed: list[bool] = []  # per ``todo`` entry: not stored at all (else: a durable copy wanted)
         existing = 0
         # this put's own stored blocks (and the parent of ``start``) are kept while it stores the
         # rest: a put never drops its own chain at the bottom tier to make room (that would only
@@ -125,12 +124,13 @@ class Writer:
             e = self.s.index.entries.get(keys[i].hex())
             if e is None or (durable and e.backing < 0):
                 todo.append(i)
+                missed.append(e is None)
             if e is not None:
                 existing += 1
                 self.s.index.touch(e)
                 own.append(e)
         if todo and self.s.sched.sketch is not None:
-            todo = self._admitted(keys, todo, durable)
+            todo = self._admitted(keys, todo, missed, durable)
         tiers_used: list[str] = []
         stored = 0
 

@@ -63,13 +63,13 @@ from ._survival import RenewalHazard, age_bin, bin_lower_edges, hit_density, km_
 from ._tau import TauAdapter
 
 __all__ = [
-    "FrequencySketch",
     "BLOCK_TYPES",
     "DEFAULT_TIER_USD_PER_GB_HOUR",
     "TRANSITIONS",
     "UNMEASURED_PESSIMISM",
     "BreakerState",
     "CircuitBreaker",
+    "FrequencySketch",
     "GateDecision",
     "HeadImportance",
     "LayerClass",
