@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from tierkv.errors import ConfigError
@@ -22,12 +23,41 @@ def test_sketch_counts_and_halves_every_window() -> None:
     assert (sk.get(1), sk.get(2), sk.get(3), sk.get(9)) == (5, 1, 1, 0)
     sk.add(3)  # the 8th increment: every count halved, the ones at 1 dropped
     assert (sk.get(1), sk.get(2), sk.get(3)) == (2, 0, 1)
-    assert len(sk) == 2
-    sk.resize(100)  # a bigger cache: a longer window, the counts kept
+    sk.resize(2)  # a smaller cache: a shorter window, the table (and the counts) kept
     assert sk.get(1) == 2
+    sk.resize(100_000)  # past the table's width: a wider table, the counts start again
+    assert sk.get(1) == 0 and sk.nbytes == 4 * 2**21
 
 
-@pytest.mark.parametrize(("args", "kw"), [((0,), {}), ((4,), {"window": 0}), ((True,), {})])
+def test_sketch_memory_is_fixed_by_capacity_and_counts_are_never_underestimated() -> None:
+    """However many distinct blocks pass by, the table keeps its size; a count-min estimate is at least
+    the true count, and within a window of fewer distinct blocks than a row's width it is exact for
+    nearly every block."""
+    sk = FrequencySketch(1000, window=1_000)  # no halving in this test
+    size = sk.nbytes
+    assert size == 4 * 16384
+    rnd = random.Random(3)
+    true: dict[int, int] = {}
+    for _ in range(6_000):
+        b = rnd.randrange(200) if rnd.random() < 0.5 else rnd.getrandbits(64)
+        true[b] = true.get(b, 0) + 1
+        sk.add(b)
+    assert sk.nbytes == size and len(true) > 3_000
+    err = [sk.get(b) - c for b, c in true.items()]
+    assert min(err) >= 0
+    assert sum(e > 0 for e in err) < 0.05 * len(err)
+    for _ in range(200_000):  # a flood of one-shot ids: still the same table, counts saturate at 255
+        sk.add(rnd.getrandbits(64))
+    assert sk.nbytes == size
+    for _ in range(300):
+        sk.add(7)
+    assert sk.get(7) == 255
+
+
+@pytest.mark.parametrize(
+    ("args", "kw"),
+    [((0,), {}), ((4,), {"window": 0}), ((True,), {}), ((4,), {"width": 0}), ((4,), {"depth": 9})],
+)
 def test_sketch_rejects_bad_parameters(args: tuple[int], kw: dict[str, int]) -> None:
     with pytest.raises(ConfigError):
         FrequencySketch(*args, **kw)
@@ -124,3 +154,54 @@ def test_a_full_store_admits_only_blocks_more_frequent_than_its_victim() -> None
         assert held([400, 401]) == 2
     finally:
         pol.close()
+
+
+def test_under_a_tenant_quota_admission_compares_with_the_tenants_own_victim() -> None:
+    """A tenant at its quota evicts only its own blocks, so a one-shot block of that tenant is weighed
+    against the tenant's own next victim, even while the store has room for it: it is not stored, and
+    the tenant's frequent blocks stay. Another tenant, without a quota, still has room: stored."""
+    from tierkv import SyncTierKV
+    from tierkv.lab.policies.library import _BLOCK_NBYTES, library_config
+
+    cfg = library_config(40, "adaptive")
+    cfg["tenants"] = {"a": {"quota": 4 * _BLOCK_NBYTES}}
+    sync = SyncTierKV.open(cfg, scheduler=False)
+    try:
+        kv = sync.aio
+        clock = [0.0]
+        kv._sched.now = lambda: clock[0]  # type: ignore[method-assign]
+        kv._sched.set_capacity_blocks(40)
+        ad = kv._sched.tau_adapter
+        assert ad is not None
+
+        async def request(ids: list[int], tenant: str) -> None:
+            toks = tokens_of(ids)
+            await kv.lookup(toks, tenant=tenant)
+            await kv.put(toks, np.zeros((1, 2, len(toks), 1, 64), dtype=np.float16), tenant=tenant)
+
+        def held(ids: list[int], tenant: str) -> int:  # (without an access: the counts stay)
+            _, keys, _ = kv._s.keys(tokens_of(ids), tenant)
+            return sum(k.hex() in kv._index for k in keys)
+
+        for _ in range(2):  # a's four blocks, each counted twice
+            for b in range(1, 5):
+                clock[0] += 1.0
+                sync.call(request, [b], "a")
+        ad.admit_mode = ad.recency_mode = kv._sched.recency = True  # recency with admission
+        assert kv._sched.admit
+        clock[0] += 1.0
+        sync.call(request, [100], "a")  # first seen: less frequent than a's own victim (2)
+        assert held([100], "a") == 0
+        assert [held([b], "a") for b in range(1, 5)] == [1, 1, 1, 1]
+        clock[0] += 1.0
+        sync.call(request, [200], "b")  # no quota, room in the store: stored
+        assert held([200], "b") == 1
+        for _ in range(2):
+            clock[0] += 1.0
+            sync.call(request, [100], "a")  # counted 3 times now: more frequent than a's victim
+        assert held([100], "a") == 1
+        assert sum(held([b], "a") for b in range(1, 5)) == 3  # one of a's own went
+        assert kv.tenant_usage("a")["dram"] <= 4 * _BLOCK_NBYTES
+        assert kv.invariant_violations() == []
+    finally:
+        sync.close()

@@ -53,26 +53,48 @@ class Writer:
     def __init__(self, s: Store) -> None:
         self.s = s
 
-    def _admitted(self, keys: list[bytes], todo: list[int], new: list[bool], durable: bool) -> list[int]:
+    def _admitted(self, keys: list[bytes], todo: list[int], new: list[bool], durable: bool, tid: bytes) -> list[int]:
         """The adaptive policy's admission filter (synchronous): count the put's missed blocks in
         the frequency sketch; while admission is on (``SchedulerState.admit``) and the cache has no
         room for them, keep ``todo`` only up to the first missed block that is not more frequent
         than the cache's next victim (the blocks after it would be unreachable). ``new[j]``: block
         ``todo[j]`` is not stored (else it is in ``todo`` for a durable copy); a durable put
         is never filtered (it promises every block committed on a persistent tier). The room is
-        what the tiers hold below their high watermarks (above them a put's rebalance sheds)."""
+        what the tiers hold below their high watermarks (above them a put's rebalance sheds).
+        Under a quota of tenant ``tid`` that leaves less room than that, the victim is the
+        tenant's own next one (a tenant at its quota evicts only its own blocks)."""
         sched = self.s.sched
         sk = sched.sketch
         assert sk is not None
         counts = [sk.add(shadow_id(keys[i].hex())) if n else 0 for i, n in zip(todo, new, strict=True)]
         if durable or not sched.admit:
             return todo
+        need = sum(new) * self.s.block_nbytes
         loads = self.s.loads()
         room = sum(max(0, int(ld.high_watermark * ld.capacity) - ld.used) for ld in loads if ld.healthy)
-        if room >= sum(new) * self.s.block_nbytes:
+        tenant: bytes | None = None
+        q = self.s.quota_for(tid)
+        if q is not None:
+            usage = [t.tenant_bytes.get(tid, 0) for t in self.s.tiers]
+            own = q.total - sum(usage) if q.total is not None else None
+            limits = [q.per_tier.get(t.name) for t in self.s.tiers]
+            if None not in limits:  # every tier capped: the caps bound the tenant's room too
+                per = sum(
+                    max(0, lim - u)
+                    for lim, u, ld in zip(limits, usage, loads, strict=True)
+                    if ld.healthy and lim is not None
+                )
+                own = per if own is None else min(own, per)
+            if own is not None and own < min(room, need):
+                room, tenant = own, tid
+        if room >= need:
             return todo
-        bottom = next((ti for ti in range(len(loads) - 1, -1, -1) if loads[ti].healthy), None)
-        victims = self.s.mover.pick_victims(bottom, 1) if bottom is not None else []
+        victims: list[Entry] = []
+        for ti in range(len(loads) - 1, -1, -1):  # the bottom healthy tier (holding the tenant's blocks)
+            if loads[ti].healthy:
+                victims = self.s.mover.pick_victims(ti, 1, tenant)
+                if victims or tenant is None:
+                    break
         if not victims:
             return todo
         victim = sk.get(shadow_id(victims[0].key))
@@ -130,7 +152,7 @@ class Writer:
                 self.s.index.touch(e)
                 own.append(e)
         if todo and self.s.sched.sketch is not None:
-            todo = self._admitted(keys, todo, missed, durable)
+            todo = self._admitted(keys, todo, missed, durable, tid)
         tiers_used: list[str] = []
         stored = 0
 

@@ -387,16 +387,19 @@ class TauAdapter:
 
     def _serve_admission(self) -> int:
         """Serve the buffered requests in the admission shadow (see :meth:`_choose_admission`): per
-        request (buffered leaf first) every block is counted, then its missed blocks are admitted
-        root first until one is not more frequent than the victim the cache had when the request
-        came (a block after it would be unreachable), then the request is touched leaf first."""
+        request (buffered leaf first) every block is counted and the held ones are touched (as the
+        lookup before the real put touches them: the victim is never one of the request's own),
+        then its missed blocks are admitted root first until one is not more frequent than the
+        cache's victim (a block after it would be unreachable), then the request is touched leaf
+        first."""
         sb, rec, freq, cap = self._buf_b, self._adm, self._adm_freq, self._cap
         h = lo = 0
         for hi in self._buf_r:
-            for x in range(lo, hi):
+            for x in range(lo, hi):  # the lookup touches what is held: it is not the victim
                 b = sb[x]
                 if b in rec:
                     h += 1
+                    rec.move_to_end(b)
                 freq.add(b)
             victim = freq.get(next(iter(rec))) if len(rec) >= cap else -1
             for x in range(hi - 1, lo - 1, -1):
