@@ -156,22 +156,44 @@ async def test_service_survives_victims_leaving_the_index(tmp_path: Path) -> Non
 
 
 async def run_random_workload(
-    tmp_path: Path, *, tasks: int, seconds: float, seed: int, policy: str = "lru", partial: bool = False
+    tmp_path: Path,
+    *,
+    tasks: int,
+    seconds: float,
+    seed: int,
+    policy: str = "lru",
+    partial: bool = False,
+    admission: bool = False,
 ) -> dict[str, int]:
     """The randomized concurrency run of the acceptance list: dram + nvme + pfs at small
     capacities, the service running, put (whole, or a chunk from a strided view)/get/lookup/
     invalidate, paged put/get (vLLM flash caches through a shuffled block table, ``get_paged`` from
     an engine's own prefix ``start`` too) with tiny deadlines; ``partial``: with
-    ``partial_blocks`` (tails stored)."""
+    ``partial_blocks`` (tails stored); ``admission`` (adaptive policy, the caller keeps the adapter
+    from switching): the cache follows recency with the frequency admission filter on, and the
+    filter must have cut at least one put (``counts["filtered"]``)."""
     cfg = smol_config(
         [dram_tier(6 * BLOCK), nvme_tier(tmp_path, 8 * 512 * 1024, "512KiB"), pfs_tier(tmp_path, 16 * BLOCK)],
         scheduler={"policy": policy},
         partial_blocks=partial,
     )
-    counts = {"ops": 0, "cancelled": 0, "typed_errors": 0, "hits": 0, "tail_hits": 0, "paged_hits": 0}
+    counts = {"ops": 0, "cancelled": 0, "typed_errors": 0, "hits": 0, "tail_hits": 0, "paged_hits": 0, "filtered": 0}
     wrong: list[str] = []
     untyped: list[BaseException] = []
     async with serving(cfg) as kv:
+        if admission:
+            ad = kv._sched.tau_adapter
+            assert ad is not None and kv._sched.sketch is not None
+            ad.admit_mode = ad.recency_mode = kv._sched.recency = True
+            writer = kv._s.writer
+            admitted = writer._admitted
+
+            def counting(*args: Any) -> list[int]:
+                out = admitted(*args)
+                counts["filtered"] += len(out) < len(args[1])
+                return out
+
+            writer._admitted = counting  # type: ignore[method-assign]
         deadline = anyio.current_time() + seconds
         # on a slow machine the run goes on past ``seconds`` (to at most 4x) until each kind of
         # operation the assertions below count has happened at least once
@@ -179,8 +201,10 @@ async def run_random_workload(
 
         def running() -> bool:
             now = anyio.current_time()
-            covered = all(counts[c] > 0 for c in ("cancelled", "hits", "paged_hits")) and (
-                counts["tail_hits"] > 0 or not partial
+            covered = (
+                all(counts[c] > 0 for c in ("cancelled", "hits", "paged_hits"))
+                and (counts["tail_hits"] > 0 or not partial)
+                and (counts["filtered"] > 0 or not admission)
             )
             return now < deadline or (not covered and now < hard_deadline)
 
@@ -248,6 +272,7 @@ async def run_random_workload(
         assert wrong == [], wrong[:3]
         assert kv.failed_jobs == 0
     assert counts["cancelled"] > 0 and counts["hits"] > 0 and counts["paged_hits"] > 0
+    assert counts["filtered"] > 0 or not admission
     return counts
 
 
@@ -260,6 +285,18 @@ async def test_random_concurrency_invariants(tmp_path: Path, policy: str, partia
     store and hit their trailing partial block, and the same invariants hold."""
     counts = await run_random_workload(tmp_path, tasks=64, seconds=6.0, seed=1, policy=policy, partial=partial)
     assert (counts["tail_hits"] > 0) == partial
+
+
+async def test_random_concurrency_invariants_with_admission(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The adaptive policy held on recency with its frequency admission filter on (three tiers,
+    default watermarks, the service running): puts the filter cuts, cancelled at random points,
+    keep every invariant and every byte."""
+    from tierkv.scheduler import TauAdapter
+
+    monkeypatch.setattr(TauAdapter, "_choose_mode", lambda self, now, cur: None)
+    monkeypatch.setattr(TauAdapter, "_choose_admission", lambda self: None)
+    counts = await run_random_workload(tmp_path, tasks=64, seconds=4.0, seed=5, policy="adaptive", admission=True)
+    assert counts["filtered"] > 0
 
 
 @pytest.mark.slow
