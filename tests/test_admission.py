@@ -77,13 +77,29 @@ def _drive(ad: TauAdapter, reqs: list[list[int]]) -> list[bool]:
 
 def _flooded(n: int, seed: int = 1) -> list[list[int]]:
     """A hot set of 20 blocks, reused all along, between bursts of one-shot blocks: an LRU of 24 is
-    flushed by the bursts, the admission filter keeps the one-shot blocks out."""
+    flushed by the bursts; ARC keeps the hot set in its frequent list (the admission filter keeps
+    the one-shot blocks out too, but lets a hot block back in only once it is counted above the
+    victim)."""
     rnd = random.Random(seed)
     reqs, nxt = [], 1_000_000
     for _ in range(n):
         reqs.append([rnd.randrange(20)])
         reqs.append(list(range(nxt, nxt + 8)))
         nxt += 8
+    return reqs
+
+
+def _loop(n: int, length: int = 72, seed: int = 1) -> list[list[int]]:
+    """A loop over ``length`` blocks (3x a cache of 24) with one-shot blocks between: each block comes
+    back after more distinct blocks than LRU holds or ARC remembers (LRU and ARC hit nothing); the
+    admission filter keeps a fixed part of the loop (counted as often as any victim, newcomers are
+    refused) and hits it every round."""
+    rnd = random.Random(seed)
+    reqs: list[list[int]] = []
+    for i in range(n):
+        reqs.append([i % length])
+        if rnd.random() < 0.3:
+            reqs.append([1_000_000 + i])
     return reqs
 
 
@@ -105,18 +121,28 @@ def _turns(n: int) -> list[list[int]]:
     return reqs
 
 
-def test_admission_turns_on_where_one_shot_blocks_flood_the_cache() -> None:
+def test_admission_turns_on_where_blocks_come_back_beyond_what_recency_keeps() -> None:
     ad = TauAdapter((300.0,), 300.0, 24, every=8, recency=True, bypass=False)
-    modes = _drive(ad, _flooded(1500))
+    modes = _drive(ad, _loop(6000))
     assert sum(modes[len(modes) // 2 :]) > 0.9 * (len(modes) - len(modes) // 2)
-    assert ad._adm_hits > 1.5 * ad._rec_fast
+    assert ad._adm_hits > 1.5 * max(ad._rec_fast, ad._arc_hits) and not ad.arc_mode
+
+
+def test_arc_takes_over_where_one_shot_bursts_flush_a_hot_set() -> None:
+    ad = TauAdapter((300.0,), 300.0, 24, every=8, recency=True, bypass=False)
+    arc = []
+    for i in range(0, 3000, 100):
+        _drive(ad, _flooded(1500)[i : i + 100])
+        arc.append(ad.arc_mode)
+    assert sum(arc[len(arc) // 2 :]) == len(arc) - len(arc) // 2
+    assert ad._arc_hits > 1.5 * max(ad._rec_fast, ad._adm_hits) and not ad.admit_mode
 
 
 def test_admission_stays_off_where_first_accesses_are_reused() -> None:
     ad = TauAdapter((300.0,), 300.0, 24, every=8, recency=True, bypass=False)
     modes = _drive(ad, _turns(3000))
     assert sum(modes) < 0.05 * len(modes), sum(modes)
-    assert ad._rec_fast > ad._adm_hits
+    assert ad._rec_fast > ad._adm_hits and not ad.arc_mode
 
 
 def test_a_full_store_admits_only_blocks_more_frequent_than_its_victim() -> None:

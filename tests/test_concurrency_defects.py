@@ -163,15 +163,16 @@ async def run_random_workload(
     seed: int,
     policy: str = "lru",
     partial: bool = False,
-    admission: bool = False,
+    force: str | None = None,
 ) -> dict[str, int]:
     """The randomized concurrency run of the acceptance list: dram + nvme + pfs at small
     capacities, the service running, put (whole, or a chunk from a strided view)/get/lookup/
     invalidate, paged put/get (vLLM flash caches through a shuffled block table, ``get_paged`` from
     an engine's own prefix ``start`` too) with tiny deadlines; ``partial``: with
-    ``partial_blocks`` (tails stored); ``admission`` (adaptive policy, the caller keeps the adapter
-    from switching): the cache follows recency with the frequency admission filter on, and the
-    filter must have cut at least one put (``counts["filtered"]``)."""
+    ``partial_blocks`` (tails stored); ``force`` (adaptive policy, the caller keeps the adapter
+    from switching): the cache follows recency with the frequency admission filter on
+    (``"admission"``: it must have cut at least one put, ``counts["filtered"]``) or by ARC
+    (``"arc"``: ARC must have chosen victims at least once, ``counts["filtered"]``)."""
     cfg = smol_config(
         [dram_tier(6 * BLOCK), nvme_tier(tmp_path, 8 * 512 * 1024, "512KiB"), pfs_tier(tmp_path, 16 * BLOCK)],
         scheduler={"policy": policy},
@@ -181,7 +182,7 @@ async def run_random_workload(
     wrong: list[str] = []
     untyped: list[BaseException] = []
     async with serving(cfg) as kv:
-        if admission:
+        if force == "admission":
             ad = kv._sched.tau_adapter
             assert ad is not None and kv._sched.sketch is not None
             ad.admit_mode = ad.recency_mode = kv._sched.recency = True
@@ -194,6 +195,19 @@ async def run_random_workload(
                 return out
 
             writer._admitted = counting  # type: ignore[method-assign]
+        elif force == "arc":
+            ad = kv._sched.tau_adapter
+            assert ad is not None and kv._sched.arc_target is not None
+            ad.arc_mode = ad.recency_mode = kv._sched.recency = True
+            assert kv._sched.arc
+            mover = kv._s.mover
+            arc_rows = mover._arc_rows
+
+            def arc_counting(ti: int) -> Any:
+                counts["filtered"] += 1
+                return arc_rows(ti)
+
+            mover._arc_rows = arc_counting  # type: ignore[method-assign]
         deadline = anyio.current_time() + seconds
         # on a slow machine the run goes on past ``seconds`` (to at most 4x) until each kind of
         # operation the assertions below count has happened at least once
@@ -204,7 +218,7 @@ async def run_random_workload(
             covered = (
                 all(counts[c] > 0 for c in ("cancelled", "hits", "paged_hits"))
                 and (counts["tail_hits"] > 0 or not partial)
-                and (counts["filtered"] > 0 or not admission)
+                and (counts["filtered"] > 0 or force is None)
             )
             return now < deadline or (not covered and now < hard_deadline)
 
@@ -272,7 +286,7 @@ async def run_random_workload(
         assert wrong == [], wrong[:3]
         assert kv.failed_jobs == 0
     assert counts["cancelled"] > 0 and counts["hits"] > 0 and counts["paged_hits"] > 0
-    assert counts["filtered"] > 0 or not admission
+    assert counts["filtered"] > 0 or force is None
     return counts
 
 
@@ -287,15 +301,18 @@ async def test_random_concurrency_invariants(tmp_path: Path, policy: str, partia
     assert (counts["tail_hits"] > 0) == partial
 
 
-async def test_random_concurrency_invariants_with_admission(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The adaptive policy held on recency with its frequency admission filter on (three tiers,
-    default watermarks, the service running): puts the filter cuts, cancelled at random points,
-    keep every invariant and every byte."""
+@pytest.mark.parametrize("force", ["admission", "arc"])
+async def test_random_concurrency_invariants_with_admission_or_arc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, force: str
+) -> None:
+    """The adaptive policy held on recency with its frequency admission filter on, or on ARC (three
+    tiers, default watermarks, the service running): puts the filter cuts, or ARC's victims, under
+    cancels at random points, keep every invariant (ARC's lists included) and every byte."""
     from tierkv.scheduler import TauAdapter
 
     monkeypatch.setattr(TauAdapter, "_choose_mode", lambda self, now, cur: None)
-    monkeypatch.setattr(TauAdapter, "_choose_admission", lambda self: None)
-    counts = await run_random_workload(tmp_path, tasks=64, seconds=4.0, seed=5, policy="adaptive", admission=True)
+    monkeypatch.setattr(TauAdapter, "_choose_recency", lambda self: None)
+    counts = await run_random_workload(tmp_path, tasks=64, seconds=4.0, seed=5, policy="adaptive", force=force)
     assert counts["filtered"] > 0
 
 

@@ -114,6 +114,7 @@ from .scheduler import (
     size_bucket,
 )
 from .scheduler._admission import FrequencySketch
+from .scheduler._arc import ArcTarget
 from .scheduler._importance import BlockImportance
 from .scheduler._predictor import BLOCK_TYPES as _BT
 from .scheduler._response import ResponseModel, response_class
@@ -232,6 +233,8 @@ class SchedulerState:
         self.tau_adapter: TauAdapter | None = None  # made by set_capacity_blocks
         #: (adaptive policy) every block access's count, for the admission filter (Writer)
         self.sketch: FrequencySketch | None = None
+        #: (adaptive policy) ARC's target and ghosts for the real cache (its lists are ``Tier.arc``)
+        self.arc_target: ArcTarget | None = None
         self.promote = opt_bool(options, "promote", True, prefix="scheduler")
         self.max_transfers = opt_int(options, "max_transfers_per_tier", 4, prefix="scheduler", minimum=1)
         self.max_fetches = opt_int(options, "max_concurrent_fetches", 64, prefix="scheduler", minimum=1)
@@ -382,6 +385,10 @@ class SchedulerState:
                 self.sketch = FrequencySketch(blocks)
             else:
                 self.sketch.resize(blocks)
+            if self.arc_target is None:
+                self.arc_target = ArcTarget(blocks)
+            else:
+                self.arc_target.resize(blocks)
 
     @property
     def admit(self) -> bool:
@@ -390,6 +397,14 @@ class SchedulerState:
         recency: the shadow models LRU with the filter, not the predictor's ranking with it)."""
         ad = self.tau_adapter
         return ad is not None and ad.admit_mode and ad.recency_mode and self.sketch is not None
+
+    @property
+    def arc(self) -> bool:
+        """Whether victims are chosen by ARC (the adaptive policy while it follows recency and its ARC
+        shadow beats plain LRU and LRU with admission): from the tiers' recent lists while they hold
+        more than ARC's target, else from their frequent lists (``Mover.pick_victims``)."""
+        ad = self.tau_adapter
+        return ad is not None and ad.arc_mode and ad.recency_mode and self.arc_target is not None
 
     def observe_ranked(self, block: int, cell: int, now: float, fanout: int = 0, hit: bool = False) -> None:
         """One block access, in the order the cache admits a request's blocks (leaf first): feeds

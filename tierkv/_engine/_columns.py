@@ -77,6 +77,12 @@ _COLUMNS: tuple[tuple[str, str, int | float], ...] = (
     ("qkey", "q", 0),
     ("qprev", "i", -2),  # -2: in no rank queue
     ("qnext", "i", -1),
+    # the ARC lists (``Tier.arc``): 1 if the block is in the frequent list (accessed by two requests
+    # while stored, or stored again while ARC remembered it), and the list holding it (2 * tier + arc)
+    ("arc", "b", 0),
+    ("at", "b", -1),
+    ("aprev", "i", -1),
+    ("anext", "i", -1),
 )
 
 
@@ -111,6 +117,10 @@ class Columns:
     qkey: array[int]
     qprev: array[int]
     qnext: array[int]
+    arc: array[int]
+    at: array[int]
+    aprev: array[int]
+    anext: array[int]
 
     def __init__(self) -> None:
         for name, code, _ in _COLUMNS:

@@ -132,6 +132,7 @@ class Durable:
         # ranked on top until the put records its access (Reader.record_access re-keys it): a
         # put's later blocks never evict its earlier ones while other blocks remain
         e.rank = PROVISIONAL_RANK - pos
+        self.s.mover.arc_stored(e)
         self.s.tiers[ti].place(e)
         return e, True
 

@@ -297,7 +297,7 @@ class Index:
             return
         t = self.s.tiers[e.tier]
         if t.lru.has(r):
-            t.lru.move_to_end(r)
+            t.touch(r)
             if t.ranked:
                 t.queue.requeue(r, e.rank)
 
@@ -566,6 +566,15 @@ class Index:
             stray += [k for k in t.backed if (b_ := self.entries.get(k)) is None or b_.backing != ti]
             if stray:
                 out.append(f"tier {t.name}: {len(stray)} keys in its bookkeeping are not indexed there")
+            c = self.cols
+            for cls, lst in enumerate(t.arc):  # ARC's two lists split the serving copies
+                wrong = sum(1 for r in lst.rows() if c.lt[r] != ti or c.arc[r] != cls)
+                if wrong or lst.n != sum(1 for _ in lst.rows()):
+                    out.append(f"tier {t.name}: ARC list {cls} holds {wrong} rows of another list or tier")
+            if len(t.arc[0]) + len(t.arc[1]) != len(t.lru):
+                out.append(
+                    f"tier {t.name}: ARC's lists hold {len(t.arc[0]) + len(t.arc[1])} rows, its order {len(t.lru)}"
+                )
             if not quiescent:
                 continue
             st = t.backend.stats()

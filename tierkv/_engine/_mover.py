@@ -21,6 +21,7 @@ import anyio
 import anyio.lowlevel
 
 from .._placement import bytes_to_shed, lower_tier
+from .._scheduling import shadow_id
 from ..backend import Allocation
 from ..errors import (
     BlockExistsError,
@@ -152,6 +153,34 @@ class Mover:
             if t.queue.holds(e.row) and t.lru.has(e.row):
                 t.queue.requeue(e.row, e.rank)
 
+    def arc_stored(self, e: Entry) -> None:
+        """A new block is indexed (not yet placed): it joins ARC's frequent list if ARC remembers it
+        (a ghost: ``ArcTarget.returning`` adapts ARC's target), else the recent list."""
+        target = self.s.sched.arc_target
+        if target is not None and e.row >= 0 and target.returning(shadow_id(e.key)):
+            self.s.index.cols.arc[e.row] = 1
+
+    def arc_lost(self, e: Entry) -> None:
+        """``e`` is about to leave the store for room (evicted at the bottom tier, or by its tenant's
+        quota): ARC remembers it in the ghost list of the list it leaves."""
+        target = self.s.sched.arc_target
+        if target is None or e.row < 0:
+            return
+        frequent = bool(self.s.index.cols.arc[e.row])
+        recent = sum(len(t.arc[0]) for t in self.s.tiers) - (0 if frequent else 1)
+        target.lost(shadow_id(e.key), frequent, max(0, recent))
+
+    def _arc_rows(self, ti: int) -> Iterable[int]:
+        """Tier ``ti``'s serving copies in ARC's eviction order: the recent list first (least recently
+        used first) while the store's recent lists hold more than ARC's target, else the frequent one
+        first; then the other list."""
+        target = self.s.sched.arc_target
+        assert target is not None
+        recent, frequent = self.s.tiers[ti].arc
+        first = target.evict_recent(sum(len(t.arc[0]) for t in self.s.tiers))
+        yield from (recent if first else frequent).rows()
+        yield from (frequent if first else recent).rows()
+
     def pick_victims(self, ti: int, need: int, tenant: bytes | None = None, *, background: bool = False) -> list[Entry]:
         """Tier ``ti``'s blocks that should leave it first, until ``need`` bytes: the least
         recently used (LRU policy, adaptive on recency) or lowest-keyed (predictive) serving copies, then the
@@ -172,8 +201,8 @@ class Mover:
         def want(r: int) -> int | None:
             return index.evictable(r, tenant, bottom=bottom, background=background)
 
-        if self.s.sched.recency:  # the lru policy, or the adaptive one on recency now
-            for r in tier.lru.rows():
+        if self.s.sched.recency:  # the lru policy, or the adaptive one on recency now (LRU or ARC)
+            for r in self._arc_rows(ti) if self.s.sched.arc else tier.lru.rows():
                 if freed >= need:
                     break
                 size = want(r)
@@ -231,6 +260,7 @@ class Mover:
                 if e.moving:
                     continue
                 self.s.decided("evict", e, ti, -1, "watermark at the bottom tier")
+                self.arc_lost(e)
                 await self.drop(e)
                 freed += e.nbytes
         return freed

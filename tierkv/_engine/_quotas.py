@@ -97,6 +97,7 @@ class Quotas:
                     continue
                 copies = len({e.tier, e.backing} - {-1})
                 self.s.decided("evict", e, e.tier, -1, "tenant quota")
+                self.s.mover.arc_lost(e)
                 await self.s.mover.drop(e)
                 freed += copies * e.nbytes
         return freed

@@ -274,8 +274,11 @@ class Reader:
             tel.calibration.add(1, {"bin": pbin(e.p_pred), "outcome": "reused" if reused else "not_reused"})
         hit = e.count > 0  # held before this request (a block stored by this put has count 0)
         sid = shadow_id(e.key)
-        if hit and sched.sketch is not None:  # (a new block was counted by the put that stored it)
-            sched.sketch.add(sid)
+        if hit:
+            if sched.sketch is not None:  # (a new block was counted by the put that stored it)
+                sched.sketch.add(sid)
+            if e.row >= 0:  # used by a second request: ARC's frequent list
+                self.s.tiers[e.tier].make_frequent(e.row)
         e.count += 1
         e.t_last = t_last
         e.cell = sched.cell(

@@ -9,6 +9,10 @@ through the ``qprev``/``qnext`` columns, a min-heap of the keys), and ``Tier.ten
 the per-tenant byte counts kept exact by :meth:`Tier.place` / :meth:`Tier.back` and their
 inverses (refunded from the entry's own tenant and size: no per-block charge record).
 
+``Tier.arc`` splits the
+serving copies in ARC's recent and frequent lists (``at``/``aprev``/``anext``; the ``arc`` column says
+which, :mod:`tierkv.scheduler._arc`), kept by the same mutators and :meth:`Tier.touch`.
+
 ``lru`` and ``backed`` are views: ``in`` (a hex key), iteration (hex keys; ``lru`` in recency
 order, least recent first, and reversed), ``len``. Everything here is synchronous.
 
@@ -40,12 +44,17 @@ _GONE = -4  # a key-table slot whose key left
 
 
 class Recency:
-    """A tier's serving copies, least recently used first (the ``lprev``/``lnext`` list)."""
+    """A tier's serving copies, least recently used first (the ``lprev``/``lnext`` list; with
+    ``cols``, another intrusive list through other columns: the ARC lists, ``at``/``aprev``/``anext``,
+    whose ``ti`` is ``2 * tier + list``)."""
 
-    __slots__ = ("_c", "_ti", "head", "n", "tail", "ver")
+    __slots__ = ("_c", "_next", "_owner", "_prev", "_ti", "head", "n", "tail", "ver")
 
-    def __init__(self, c: Columns, ti: int) -> None:
+    def __init__(self, c: Columns, ti: int, cols: tuple[str, str, str] = ("lt", "lprev", "lnext")) -> None:
         self._c, self._ti = c, ti
+        self._owner: array[int] = getattr(c, cols[0])  # (the columns grow in place: never rebound)
+        self._prev: array[int] = getattr(c, cols[1])
+        self._next: array[int] = getattr(c, cols[2])
         self.head = self.tail = -1
         self.n = 0
         self.ver = 0  # bumped by every change (an iteration that sees one raises, as a dict's does)
@@ -60,14 +69,14 @@ class Recency:
         if not isinstance(key, str):
             return False
         r = self._c.find(key)
-        return r >= 0 and self._c.lt[r] == self._ti
+        return r >= 0 and self._owner[r] == self._ti
 
     def has(self, row: int) -> bool:
-        return self._c.lt[row] == self._ti
+        return self._owner[row] == self._ti
 
     def rows(self, *, reverse: bool = False) -> Iterator[int]:
-        c, ver = self._c, self.ver
-        step = c.lprev if reverse else c.lnext
+        ver = self.ver
+        step = self._prev if reverse else self._next
         r = self.tail if reverse else self.head
         while r >= 0:
             nxt = step[r]
@@ -86,12 +95,12 @@ class Recency:
 
     def link(self, row: int) -> None:
         """Append ``row`` (in no tier's list) as the most recently used."""
-        c = self._c
-        c.lt[row] = self._ti
-        c.lprev[row] = self.tail
-        c.lnext[row] = -1
+        prev, nxt = self._prev, self._next
+        self._owner[row] = self._ti
+        prev[row] = self.tail
+        nxt[row] = -1
         if self.tail >= 0:
-            c.lnext[self.tail] = row
+            nxt[self.tail] = row
         else:
             self.head = row
         self.tail = row
@@ -99,17 +108,17 @@ class Recency:
         self.ver += 1
 
     def unlink(self, row: int) -> None:
-        c = self._c
-        p, nx = c.lprev[row], c.lnext[row]
+        prev, nxt = self._prev, self._next
+        p, nx = prev[row], nxt[row]
         if p >= 0:
-            c.lnext[p] = nx
+            nxt[p] = nx
         else:
             self.head = nx
         if nx >= 0:
-            c.lprev[nx] = p
+            prev[nx] = p
         else:
             self.tail = p
-        c.lt[row] = -1
+        self._owner[row] = -1
         self.n -= 1
         self.ver += 1
 
@@ -122,14 +131,14 @@ class Recency:
         """Put ``row`` just before ``ref`` (less recently used than it); both in this list."""
         if row == ref:
             return
-        c = self._c
+        prev, nxt = self._prev, self._next
         self.unlink(row)
-        p = c.lprev[ref]
-        c.lt[row] = self._ti
-        c.lprev[row], c.lnext[row] = p, ref
-        c.lprev[ref] = row
+        p = prev[ref]
+        self._owner[row] = self._ti
+        prev[row], nxt[row] = p, ref
+        prev[ref] = row
         if p >= 0:
-            c.lnext[p] = row
+            nxt[p] = row
         else:
             self.head = row
         self.n += 1
@@ -386,11 +395,13 @@ def _heappop(heap: array[int]) -> None:
 
 
 _UNBOUND = Columns()
+_ARC_COLS = ("at", "aprev", "anext")
 
 
 class Tier:
     __slots__ = (
         "_c",
+        "arc",
         "backed",
         "backend",
         "breaker",
@@ -438,6 +449,10 @@ class Tier:
         #: only when ``ranked``: under the LRU policy ``lru`` is the order)
         self.queue = RankQueue(_UNBOUND)
         self.ranked = True
+        #: the serving copies in ARC's two lists, each least recently used first: (recent: stored
+        #: and accessed by one request, frequent: by two or more, see the ``arc`` column); every
+        #: serving copy is in exactly one (the adaptive policy's ARC mode evicts from them)
+        self.arc = (Recency(_UNBOUND, -1, _ARC_COLS), Recency(_UNBOUND, -1, _ARC_COLS))
         #: blocks whose *durable copy* (not their serving copy) is on this tier
         self.backed = Backed(_UNBOUND, -1)
         self.hits = self.misses = self.bytes_in = self.bytes_out = 0
@@ -454,6 +469,7 @@ class Tier:
         """Keep this tier's residency in ``c`` as tier number ``ti`` (done once, by the index)."""
         self._c, self.ti = c, ti
         self.lru = Recency(c, ti)
+        self.arc = (Recency(c, 2 * ti, _ARC_COLS), Recency(c, 2 * ti + 1, _ARC_COLS))
         self.queue = RankQueue(c)
         self.backed = Backed(c, ti)
 
@@ -470,6 +486,7 @@ class Tier:
             if lt >= 0:
                 c.tiers[lt].unplace(e)
             self.lru.link(r)
+            self.arc[c.arc[r]].link(r)
             self._charge(e)
         if self.ranked:
             self.queue.set(r, e.rank)
@@ -478,8 +495,30 @@ class Tier:
         r = e.row
         if r >= 0 and self._c.lt[r] == self.ti:
             self.lru.unlink(r)
+            self.arc[self._c.arc[r]].unlink(r)
             self.queue.discard(r)
             self._refund(e)
+
+    def touch(self, row: int) -> None:
+        """A serving copy here was accessed: most recently used in ``lru`` and in its ARC list."""
+        self.lru.move_to_end(row)
+        self.arc[self._c.arc[row]].move_to_end(row)
+
+    def make_frequent(self, row: int) -> None:
+        """Indexed ``row`` joins ARC's frequent list (most recently used there, on the tier serving
+        it, whichever that is; with none, when it is placed); idempotent."""
+        c = self._c
+        lt = c.lt[row]
+        if lt < 0:
+            c.arc[row] = 1
+            return
+        lists = c.tiers[lt].arc
+        if c.arc[row]:
+            lists[1].move_to_end(row)
+            return
+        lists[0].unlink(row)
+        c.arc[row] = 1
+        lists[1].link(row)
 
     def back(self, e: Entry) -> None:
         """This tier holds ``e``'s durable copy (served elsewhere)."""

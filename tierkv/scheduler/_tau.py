@@ -30,6 +30,7 @@ from collections.abc import Sequence
 
 from ..errors import ConfigError
 from ._admission import FrequencySketch
+from ._arc import ArcShadow
 from ._buckets import PROVISIONAL_RANK, bucketize, lowest, push
 
 __all__ = ["TauAdapter"]
@@ -52,6 +53,9 @@ class TauAdapter:
         "_adm_hits",
         "_adm_slow",
         "_age",
+        "_arc",
+        "_arc_hits",
+        "_arc_slow",
         "_backoff",
         "_buf_b",
         "_buf_r",
@@ -78,6 +82,7 @@ class TauAdapter:
         "_thr",
         "_wait",
         "admit_mode",
+        "arc_mode",
         "recency",
         "recency_mode",
         "tau",
@@ -157,6 +162,13 @@ class TauAdapter:
         self._adm_hits = 0.0
         self._adm_slow = 0.0  # the same hits decayed by ``decay`` (vs the predictive shadows')
         self.admit_mode = False
+        # (with ``recency``) the ARC shadow: a whole ARC of the same sampled accesses (ArcShadow), and
+        # its hits (``mode_decay``, and ``decay`` vs the predictive shadows'); ``arc_mode``: the cache
+        # follows ARC while it follows recency
+        self._arc = ArcShadow(1)
+        self._arc_hits = 0.0
+        self._arc_slow = 0.0
+        self.arc_mode = False
         self._rec_fast = 0.0  # the LRU shadow's sampled hits decayed by ``mode_decay`` (vs _live_hits)
         self._since_compact = 0
         self._requests = 0
@@ -189,6 +201,9 @@ class TauAdapter:
         self._adm_freq = FrequencySketch(cap)
         self._adm_hits = self._adm_slow = 0.0
         self.admit_mode = False
+        self._arc = ArcShadow(cap)
+        self._arc_hits = self._arc_slow = 0.0
+        self.arc_mode = False
         self._live_hits = 0.0
         self._buf_b.clear()
         self._buf_v.clear()
@@ -293,6 +308,13 @@ class TauAdapter:
             h = self._serve_admission()
             self._adm_hits += h
             self._adm_slow += h
+            h, lo, arc = 0, 0, self._arc
+            for hi in self._buf_r:  # (buffered leaf first: served root first)
+                if hi > lo:
+                    h += arc.request(sb[hi - 1 : lo - 1 : -1] if lo else sb[hi - 1 :: -1])
+                lo = hi
+            self._arc_hits += h
+            self._arc_slow += h
         self._live_buf = 0
         sb.clear()
         sv.clear()
@@ -327,7 +349,7 @@ class TauAdapter:
         """
         hits = self._hits
         cur_hits = hits[cur] if cur >= 0 else max(hits)
-        rec = max(self._rec_hits, self._adm_slow)  # recency's best, in the candidates' decay
+        rec = max(self._rec_hits, self._adm_slow, self._arc_slow)  # recency's best, in the candidates' decay
         live = self._live_hits
         if self.recency_mode:
             self._wait -= 1
@@ -419,18 +441,32 @@ class TauAdapter:
         return h
 
     def _recency_best(self) -> float:
-        """What recency scores (``mode_decay`` counts): plain, or with admission where that is better."""
-        return max(self._rec_fast, self._adm_hits)
+        """What recency scores against the predictor (``mode_decay`` counts): the best of plain LRU, LRU
+        with admission and ARC, the latter two discounted by the margin (only plain LRU is the safe
+        side; and the best of three noisy sampled counts is biased upward)."""
+        m = 1.0 + self._margin
+        return max(self._rec_fast, self._adm_hits / m, self._arc_hits / m)
 
-    def _choose_admission(self) -> None:
-        """Admission on or off (``recency=True``): on once the admission shadow's sampled hits lead
-        the LRU shadow's by the margin, off as soon as they fall below (both shadows are faithful in
-        either mode: they read no feature of the real cache; counts decayed by ``mode_decay``)."""
-        adm, rec = self._adm_hits, self._rec_fast
-        if self.admit_mode:
-            self.admit_mode = adm >= rec
-        else:
-            self.admit_mode = adm > rec * (1.0 + self._margin)
+    def _choose_recency(self) -> None:
+        """Which recency the cache follows while on recency (``recency=True``): plain LRU, LRU with
+        frequency admission (``admit_mode``) or ARC (``arc_mode``). From LRU, the better of the other
+        two takes over once its shadow's sampled hits lead the LRU shadow's by the margin; back to LRU
+        as soon as LRU's are at least the current one's (LRU is the safe side); between admission and
+        ARC, by the margin. All three shadows are faithful in either mode (they read no feature of the
+        real cache); counts decayed by ``mode_decay``."""
+        rec, adm, arc = self._rec_fast, self._adm_hits, self._arc_hits
+        m = 1.0 + self._margin
+        cur = adm if self.admit_mode else arc if self.arc_mode else None
+        if cur is None:  # on LRU
+            best = max(adm, arc)
+            if best > rec * m:
+                self.admit_mode, self.arc_mode = adm >= arc, adm < arc
+        elif rec >= cur:
+            self.admit_mode = self.arc_mode = False
+        elif self.admit_mode and arc > adm * m:
+            self.admit_mode, self.arc_mode = False, True
+        elif self.arc_mode and adm > arc * m:
+            self.admit_mode, self.arc_mode = True, False
 
     def _choose(self, now: float) -> float | None:
         hits, taus = self._hits, self.taus
@@ -445,15 +481,17 @@ class TauAdapter:
                 new = t
         if self.recency:
             new = self._choose_mode(now, taus.index(self.tau) if self.tau in taus else -1) or new
-            self._choose_admission()
+            self._choose_recency()
         d = self._decay
         for i in range(len(hits)):
             hits[i] *= d
         self._rec_hits *= d
         self._adm_slow *= d
+        self._arc_slow *= d
         md = self._mode_decay
         self._rec_fast *= md
         self._adm_hits *= md
+        self._arc_hits *= md
         self._live_hits *= md
         if not self.recency_mode:  # the predictor's banked lead is capped (see _choose_mode)
             self._live_hits = min(self._live_hits, self._recency_best() * (1.0 + self._lead_cap * (1.0 - md)))
