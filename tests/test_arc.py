@@ -40,7 +40,8 @@ def test_target_ghosts_stay_within_arcs_bounds() -> None:
         recent = rnd.randrange(9)
         t.lost(b, rnd.random() < 0.5, recent)
         b1, b2 = t.ghosts()
-        assert b1 <= 8 - recent and b1 + b2 <= 8  # |T1| + |B1| <= c and |B1| + |B2| <= c
+        # |T1| + |B1| <= c (counting the block that comes in) and |B1| + |B2| <= c
+        assert b1 <= max(0, 8 - recent - 1) and b1 + b2 <= 8
     t.p = 8.0
     t.resize(3)
     assert t.p == 3.0 and sum(t.ghosts()) <= 3
@@ -116,8 +117,8 @@ def test_a_full_store_on_arc_keeps_its_hot_set_through_a_burst(arc: bool) -> Non
         assert _held(pol, list(range(100, 112))) == (4 if arc else 8)
         assert kv.invariant_violations() == []
         if arc:
-            # ARC evicted 100..107 from its recent list and remembers the last 5 (|T1| + |B1| <= c)
-            assert sched.arc_target.ghosts() == (5, 0)
+            # ARC evicted 100..107 from its recent list and remembers the last 4 (|T1| + |B1| <= c)
+            assert sched.arc_target.ghosts() == (4, 0)
             t += 1.0
             pol.request([107], t, False)  # evicted by ARC, remembered: back in the frequent list
             row = kv._s.index.cols.find(kv._s.keys(tokens_of([107]), None)[1][0].hex())
@@ -125,5 +126,47 @@ def test_a_full_store_on_arc_keeps_its_hot_set_through_a_burst(arc: bool) -> Non
             assert sched.arc_target.p == 1.0
             assert _held(pol, [1, 2, 3, 4]) == 4  # (the victim came from the recent list)
             assert kv.invariant_violations() == []
+    finally:
+        pol.close()
+
+
+def test_a_put_on_arc_does_not_pass_over_its_own_blocks_once_per_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store whose blocks are all in ARC's frequent list takes a put of 200 new blocks: each victim
+    search leaves the recent list at the put's own (kept) blocks, so the put costs O(blocks) victim
+    checks, not O(blocks^2) (it was 20,100 here: every search walked all the put's earlier blocks)."""
+    from tierkv.scheduler import TauAdapter
+
+    monkeypatch.setattr(TauAdapter, "_choose_mode", lambda self, now, cur: None)  # held on ARC
+    monkeypatch.setattr(TauAdapter, "_choose_recency", lambda self: None)
+    cap = 300
+    pol = LibraryPolicy(cap, policy="adaptive", name="adaptive")
+    try:
+        kv = pol.kv
+        sched = kv._sched
+        ad = sched.tau_adapter
+        assert ad is not None
+        ad.recency_mode = sched.recency = ad.arc_mode = True
+        t = 0.0
+        for _ in range(2):
+            for b in range(cap):
+                t += 1.0
+                pol.request([b], t, False)
+        tier = kv._s.tiers[0]
+        assert (len(tier.arc[0]), len(tier.arc[1])) == (0, cap)
+        index = kv._s.index
+        calls = [0]
+        evictable = index.evictable
+
+        def counting(*args: object, **kw: bool) -> int | None:
+            calls[0] += 1
+            return evictable(*args, **kw)  # type: ignore[arg-type]
+
+        index.evictable = counting  # type: ignore[method-assign]
+        pol.request(list(range(10_000, 10_200)), t + 1.0, False)
+        _, keys, _ = kv._s.keys(tokens_of(list(range(10_000, 10_200))), None)
+        assert sum(k.hex() in kv._index for k in keys) == 200  # the whole put stored, frequent blocks evicted
+        assert sched.arc
+        assert calls[0] <= 3 * 200, calls[0]
+        assert kv.invariant_violations() == []
     finally:
         pol.close()

@@ -201,13 +201,13 @@ async def run_random_workload(
             ad.arc_mode = ad.recency_mode = kv._sched.recency = True
             assert kv._sched.arc
             mover = kv._s.mover
-            arc_rows = mover._arc_rows
+            arc_lists = mover._arc_lists
 
             def arc_counting(ti: int) -> Any:
                 counts["filtered"] += 1
-                return arc_rows(ti)
+                return arc_lists(ti)
 
-            mover._arc_rows = arc_counting  # type: ignore[method-assign]
+            mover._arc_lists = arc_counting  # type: ignore[method-assign]
         deadline = anyio.current_time() + seconds
         # on a slow machine the run goes on past ``seconds`` (to at most 4x) until each kind of
         # operation the assertions below count has happened at least once

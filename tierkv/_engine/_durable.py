@@ -249,6 +249,7 @@ class Durable:
                             if self.s.tiers[ti].backend.capabilities.persistent:
                                 e.backing = ti
                             self.s.index.adopt(e, b"")
+                            self.s.mover.arc_stored(e)
                             self.s.tiers[ti].place(e)
                         else:
                             await self.attach_copy(cur, ti)

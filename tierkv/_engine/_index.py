@@ -288,6 +288,11 @@ class Index:
                 return None
         return c.get("nbytes", c.nbytes, row)
 
+    def kept_row(self, row: int, *, background: bool = False) -> bool:
+        """Whether ``row`` is :meth:`kept` by the calling task (or, with ``background``, by any)."""
+        owner, kept = _KEPT.get()
+        return (owner is self and row in kept) or (background and row in self.kept_all)
+
     def touch(self, e: Entry) -> None:
         """``e`` was accessed: most recently used on its serving tier, ranked by ``e.rank`` (the
         last of its key's FIFO: a request touches its blocks leaf first, so among equal keys a

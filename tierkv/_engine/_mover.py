@@ -32,6 +32,7 @@ from ..errors import (
 from ..scheduler._buckets import PROVISIONAL_RANK, quantize
 from ._entry import handle
 from ._index import Entry, pbin
+from ._residency import Recency
 from ._tags import checked_tag, checksum, retag, tag_exact, unpack_tag
 
 if TYPE_CHECKING:
@@ -157,8 +158,11 @@ class Mover:
         """A new block is indexed (not yet placed): it joins ARC's frequent list if ARC remembers it
         (a ghost: ``ArcTarget.returning`` adapts ARC's target), else the recent list."""
         target = self.s.sched.arc_target
-        if target is not None and e.row >= 0 and target.returning(shadow_id(e.key)):
-            self.s.index.cols.arc[e.row] = 1
+        cols = self.s.index.cols
+        if target is None or e.row < 0 or cols.lt[e.row] >= 0:
+            return  # (a placed row would be in the other list: only a new, unplaced one changes list here)
+        if target.returning(shadow_id(e.key)):
+            cols.arc[e.row] = 1
 
     def arc_lost(self, e: Entry) -> None:
         """``e`` is about to leave the store for room (evicted at the bottom tier, or by its tenant's
@@ -170,25 +174,25 @@ class Mover:
         recent = sum(len(t.arc[0]) for t in self.s.tiers) - (0 if frequent else 1)
         target.lost(shadow_id(e.key), frequent, max(0, recent))
 
-    def _arc_rows(self, ti: int) -> Iterable[int]:
-        """Tier ``ti``'s serving copies in ARC's eviction order: the recent list first (least recently
-        used first) while the store's recent lists hold more than ARC's target, else the frequent one
-        first; then the other list."""
+    def _arc_lists(self, ti: int) -> tuple[Recency, Recency]:
+        """Tier ``ti``'s ARC lists in eviction order: the recent list first while the store's recent
+        lists hold more than ARC's target, else the frequent one first."""
         target = self.s.sched.arc_target
         assert target is not None
         recent, frequent = self.s.tiers[ti].arc
-        first = target.evict_recent(sum(len(t.arc[0]) for t in self.s.tiers))
-        yield from (recent if first else frequent).rows()
-        yield from (frequent if first else recent).rows()
+        if target.evict_recent(sum(len(t.arc[0]) for t in self.s.tiers)):
+            return recent, frequent
+        return frequent, recent
 
     def pick_victims(self, ti: int, need: int, tenant: bytes | None = None, *, background: bool = False) -> list[Entry]:
         """Tier ``ti``'s blocks that should leave it first, until ``need`` bytes: the least
-        recently used (LRU policy, adaptive on recency) or lowest-keyed (predictive) serving copies, then the
-        durable-only copies, oldest access first. Pinned blocks, blocks being relocated,
-        (with ``tenant``) other tenants' blocks and, at the bottom tier, the blocks a put keeps
-        (``Index.kept``: the calling put's own, or every put's for ``background`` shedding) are
-        passed over. Costs O(victims + passed
-        over) per call, not O(tier): the ranking is kept up to date on access."""
+        recently used (LRU policy, adaptive on recency), ARC's (adaptive on ARC: :meth:`_arc_lists`)
+        or lowest-keyed (predictive) serving copies, then the durable-only copies, oldest access
+        first. Pinned blocks, blocks being relocated, (with ``tenant``) other tenants' blocks and,
+        at the bottom tier, the blocks a put keeps (``Index.kept``: the calling put's own, or every
+        put's for ``background`` shedding) are passed over; ARC's first list is left at the first
+        kept block (a put's own blocks are its most recent). Costs O(victims + passed over) per
+        call, not O(tier): the ranking is kept up to date on access."""
         self.refresh_ranking()  # attention reported since the last access re-keys first
         tier = self.s.tiers[ti]
         index = self.s.index
@@ -202,13 +206,22 @@ class Mover:
             return index.evictable(r, tenant, bottom=bottom, background=background)
 
         if self.s.sched.recency:  # the lru policy, or the adaptive one on recency now (LRU or ARC)
-            for r in self._arc_rows(ti) if self.s.sched.arc else tier.lru.rows():
+            lists = self._arc_lists(ti) if self.s.sched.arc else (tier.lru,)
+            for k, lst in enumerate(lists):
+                for r in lst.rows():
+                    if freed >= need:
+                        break
+                    size = want(r)
+                    if size is not None:
+                        victims.append(handle(cols, r))
+                        freed += size
+                    elif k == 0 and len(lists) > 1 and bottom and index.kept_row(r, background=background):
+                        # ARC's first list reached a put's own blocks (kept, most recent): what follows
+                        # is that put's or newer; the other list goes first (a put does not pass over
+                        # its own blocks once per block it stores)
+                        break
                 if freed >= need:
                     break
-                size = want(r)
-                if size is not None:
-                    victims.append(handle(cols, r))
-                    freed += size
         else:
             for r in tier.queue.pick(want, need):
                 e = handle(cols, r)

@@ -107,6 +107,7 @@ class Reader:
             if key not in self.s.index.entries:
                 adopted_e = Entry(key, ti, nbytes, tag, ms, tenant, parent, pos, crc)
                 self.s.index.adopt(adopted_e, root)
+                self.s.mover.arc_stored(adopted_e)
                 self.s.tiers[ti].place(adopted_e)
             adopted += 1
         return adopted

@@ -9,8 +9,8 @@ shrinks by ``max(|B1| / |B2|, 1)``). A victim comes from the recent list while i
 blocks, else from the frequent one. ARC holds against scans and loops (one-shot blocks stay in the recent
 list) and follows recency where that is right, without a parameter to tune.
 
-:class:`ArcTarget` is what the real cache and the shadow share: ``p`` and the ghost lists (ids only,
-``|B1| <= c - |T1|`` and ``|B1| + |B2| <= c``, ARC's bounds). The library keeps the two lists of resident
+:class:`ArcTarget` is the part the real cache and the shadow have in common (each its own instance): ``p``
+and the ghost lists (ids only, ``|T1| + |B1| <= c`` and ``|B1| + |B2| <= c``, ARC's bounds). The library keeps the two lists of resident
 blocks itself (per tier, ``Tier.arc``: intrusive lists through the index's columns) and asks
 :meth:`ArcTarget.evict_recent` which to take a victim from. :class:`ArcShadow` is a whole ARC of sampled
 block ids, served request by request as the library's put serves one
@@ -80,12 +80,14 @@ class ArcTarget:
         return recent > 0 and recent > self.p
 
     def lost(self, block: int, frequent: bool, recent: int) -> None:
-        """``block`` left the cache (from the frequent list if ``frequent``); ``recent``: the recent
-        list's size after it left. Its id is remembered in the matching ghost list."""
+        """``block`` left the cache to make room for a new one (from the frequent list if ``frequent``);
+        ``recent``: the recent list's size after it left. Its id is remembered in the matching ghost
+        list, within ARC's bounds counted with the block to come in the recent list (so a victim of a
+        recent list that held the whole cache is not remembered: ARC's case IV(a))."""
         g = self._b2 if frequent else self._b1
         g[block] = None
         g.move_to_end(block)
-        self._trim(recent)
+        self._trim(recent + 1)
 
     def _trim(self, recent: int) -> None:
         b1, b2, c = self._b1, self._b2, self._c

@@ -408,7 +408,7 @@ class TauAdapter:
         return h
 
     def _serve_admission(self) -> int:
-        """Serve the buffered requests in the admission shadow (see :meth:`_choose_admission`): per
+        """Serve the buffered requests in the admission shadow (see :meth:`_choose_recency`): per
         request (buffered leaf first) every block is counted and the held ones are touched (as the
         lookup before the real put touches them: the victim is never one of the request's own),
         then its missed blocks are admitted root first until one is not more frequent than the
