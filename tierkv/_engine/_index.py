@@ -573,8 +573,9 @@ class Index:
                 out.append(f"tier {t.name}: {len(stray)} keys in its bookkeeping are not indexed there")
             c = self.cols
             for cls, lst in enumerate(t.arc):  # ARC's two lists split the serving copies
-                wrong = sum(1 for r in lst.rows() if c.lt[r] != ti or c.arc[r] != cls)
-                if wrong or lst.n != sum(1 for _ in lst.rows()):
+                rows = list(lst.rows())
+                wrong = sum(1 for r in rows if c.lt[r] != ti or c.arc[r] != cls)
+                if wrong or lst.n != len(rows):
                     out.append(f"tier {t.name}: ARC list {cls} holds {wrong} rows of another list or tier")
             if len(t.arc[0]) + len(t.arc[1]) != len(t.lru):
                 out.append(

@@ -171,8 +171,11 @@ class Mover:
         if target is None or e.row < 0:
             return
         frequent = bool(self.s.index.cols.arc[e.row])
-        recent = sum(len(t.arc[0]) for t in self.s.tiers) - (0 if frequent else 1)
-        target.lost(shadow_id(e.key), frequent, max(0, recent))
+        target.lost(shadow_id(e.key), frequent, max(0, self._recent_blocks() - (0 if frequent else 1)))
+
+    def _recent_blocks(self) -> int:
+        """Blocks in ARC's recent lists, over every tier (ARC's |T1|)."""
+        return sum(len(t.arc[0]) for t in self.s.tiers)
 
     def _arc_lists(self, ti: int) -> tuple[Recency, Recency]:
         """Tier ``ti``'s ARC lists in eviction order: the recent list first while the store's recent
@@ -180,7 +183,7 @@ class Mover:
         target = self.s.sched.arc_target
         assert target is not None
         recent, frequent = self.s.tiers[ti].arc
-        if target.evict_recent(sum(len(t.arc[0]) for t in self.s.tiers)):
+        if target.evict_recent(self._recent_blocks()):
             return recent, frequent
         return frequent, recent
 

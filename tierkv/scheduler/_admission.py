@@ -36,7 +36,8 @@ _MASK = (1 << 64) - 1
 _MAX = 255  # a counter saturates (8 bits)
 
 
-def _positive_int(name: str, v: object) -> int:
+def positive_int(name: str, v: object) -> int:
+    """``v`` if it is an int >= 1 (not a bool), else ConfigError naming ``name`` (the scheduler's check)."""
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ConfigError(name, v, "an integer >= 1")
     return v
@@ -52,9 +53,9 @@ class FrequencySketch:
     __slots__ = ("_depth", "_limit", "_shift", "_since", "_table", "_view", "_width", "_window")
 
     def __init__(self, capacity_blocks: int, *, window: int = 10, width: int = 16, depth: int = 4) -> None:
-        self._window = _positive_int("window", window)
-        self._width = _positive_int("width", width)
-        self._depth = _positive_int("depth", depth)
+        self._window = positive_int("window", window)
+        self._width = positive_int("width", width)
+        self._depth = positive_int("depth", depth)
         if depth > 8:
             raise ConfigError("depth", depth, "an integer in [1, 8]")
         self._since = 0
@@ -67,7 +68,7 @@ class FrequencySketch:
     def resize(self, capacity_blocks: int) -> None:
         """The cache's capacity in blocks sets the window and the table's width. The counts are kept
         unless the table must grow (a capacity past its width): then they start again from zero."""
-        cap = _positive_int("capacity_blocks", capacity_blocks)
+        cap = positive_int("capacity_blocks", capacity_blocks)
         self._limit = self._window * cap
         bits = max(4, (self._width * cap - 1).bit_length())  # a row of 2**bits counters
         if 64 - bits >= self._shift:

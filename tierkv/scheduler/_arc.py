@@ -25,15 +25,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from ..errors import ConfigError
+from ._admission import positive_int
 
 __all__ = ["ArcShadow", "ArcTarget"]
-
-
-def _capacity(v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise ConfigError("capacity_blocks", v, "an integer >= 1")
-    return v
 
 
 class ArcTarget:
@@ -42,7 +36,7 @@ class ArcTarget:
     __slots__ = ("_b1", "_b2", "_c", "p")
 
     def __init__(self, capacity_blocks: int) -> None:
-        self._c = _capacity(capacity_blocks)
+        self._c = positive_int("capacity_blocks", capacity_blocks)
         self.p = 0.0
         self._b1: OrderedDict[int, None] = OrderedDict()
         self._b2: OrderedDict[int, None] = OrderedDict()
@@ -53,7 +47,7 @@ class ArcTarget:
 
     def resize(self, capacity_blocks: int) -> None:
         """A new capacity: ``p`` is clipped to it, the ghosts are trimmed to it."""
-        self._c = _capacity(capacity_blocks)
+        self._c = positive_int("capacity_blocks", capacity_blocks)
         self.p = min(self.p, float(self._c))
         self._trim(0)
 
@@ -103,7 +97,7 @@ class ArcShadow:
     __slots__ = ("_t1", "_t2", "cap", "target")
 
     def __init__(self, capacity_blocks: int) -> None:
-        self.cap = _capacity(capacity_blocks)
+        self.cap = positive_int("capacity_blocks", capacity_blocks)
         self.target = ArcTarget(self.cap)
         self._t1: OrderedDict[int, None] = OrderedDict()
         self._t2: OrderedDict[int, None] = OrderedDict()

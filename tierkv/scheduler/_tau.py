@@ -310,8 +310,7 @@ class TauAdapter:
             self._adm_slow += h
             h, lo, arc = 0, 0, self._arc
             for hi in self._buf_r:  # (buffered leaf first: served root first)
-                if hi > lo:
-                    h += arc.request(sb[hi - 1 : lo - 1 : -1] if lo else sb[hi - 1 :: -1])
+                h += arc.request(sb[lo:hi][::-1])
                 lo = hi
             self._arc_hits += h
             self._arc_slow += h
