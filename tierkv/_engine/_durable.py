@@ -144,39 +144,40 @@ class Durable:
         label: int | None,
     ) -> list[bool]:
         """Write the leading ``items`` (key, array of any strides, tag without checksum, position,
-        parent key) to the fastest healthy tier in one :meth:`~tierkv.backend.SupportsArrayIO.
-        write_arrays` call (a tier that copies a large batch on two cores, the DRAM tier's
-        ``split``, does so), then index them as :meth:`store_block` does. Returns, for each leading
-        item stored and indexed, whether it is a new entry (False: another task indexed the
-        block meanwhile); the caller stores the rest one by one (the batch stops at
-        a block indexed or reserved elsewhere or at the first that does not fit; no batch for a
-        tier that is not a healthy array tier without codec or checksum, nor for a tenant with a
-        quota; a failed write stores none). Call shielded: the copies run to the end once started."""
+        parent key) to the fastest healthy tier with one allocation
+        (:meth:`~tierkv._engine._mover.Mover.allocate_many_with_room`: a full tier sheds once for
+        the batch) and one :meth:`~tierkv.backend.SupportsArrayIO.write_arrays` call (a tier that
+        copies a large batch on two cores, the DRAM tier's ``split``, does so), then index them as
+        :meth:`store_block` does. Returns, for each leading item stored and indexed, whether it is
+        a new entry (False: another task indexed the block meanwhile); the caller stores the rest
+        one by one (the batch stops before a block indexed already; none is stored when the
+        batch cannot be allocated whole, see ``allocate_many_with_room``; no batch for a tier that
+        is not a healthy array tier without codec or checksum, nor for a tenant with a quota; a
+        failed write stores none). Call shielded: the copies run to the end once started."""
         ti = next((i for i, t in enumerate(self.s.tiers) if t.healthy), -1)
         if ti < 0:
             return []
         t = self.s.tiers[ti]
-        if t.codec is not None or self.s.needs_checksum(ti) or not isinstance(t.backend, SupportsArrayIO):
+        if t.codec is not None or self.s.needs_checksum(ti) or not t.array_io:
             return []
         if self.s.quota_for(tid) is not None:
             return []  # a tenant under a quota makes room block by block, within its own blocks
-        allocs = []
-        for key, data, tag, _pos, _parent in items:
-            nbytes = nbytes_of(data)
-            if self.s.index.entries.get(key) is not None:
-                break
-            try:
-                allocs.append(await self.s.mover.allocate_with_room(ti, key, nbytes, tag))
-            except (BlockExistsError, CapacityError):
-                break
-            except BackendError as exc:
-                self.s.tier_failed(ti, exc)
-                break
+        entries = self.s.index.entries
+        n = 0
+        while n < len(items) and entries.get(items[n][0]) is None:
+            n += 1
+        try:
+            allocs = await self.s.mover.allocate_many_with_room(
+                ti, [(key, nbytes_of(data), tag) for key, data, tag, _, _ in items[:n]]
+            )
+        except BackendError as exc:
+            self.s.tier_failed(ti, exc)
+            return []
         n = len(allocs)
         if n == 0:
             return []
         try:
-            await t.backend.write_arrays(allocs, [d for _, d, _, _, _ in items[:n]])
+            await cast("SupportsArrayIO", t.backend).write_arrays(allocs, [d for _, d, _, _, _ in items[:n]])
         except BlockNotFoundError:
             return []  # a reservation was dropped by a concurrent evict: the backend freed the rest
         except BackendError as exc:
@@ -299,10 +300,10 @@ class Durable:
                 continue
             if self.s.needs_checksum(ti) and not tag_checked(tag):
                 tag = checked_tag(tag, await raw_bytes())
-            direct = raw is None and t.codec is None and isinstance(t.backend, SupportsArrayIO)
+            direct = raw is None and t.codec is None and t.array_io
             # an accelerator block to a device-resident tier stays on the device
             device_io = on_device and raw is None and t.codec is None and not direct
-            device_io = device_io and isinstance(t.backend, SupportsDeviceIO)
+            device_io = device_io and t.device_io
             payload = None if direct or device_io else await self.s.encode_for(ti, await raw_bytes())
             for _attempt in range(2):
                 try:

@@ -12,6 +12,7 @@ May not touch: the public API, the put/get paths' own bookkeeping.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Iterable
@@ -24,6 +25,7 @@ from .._placement import bytes_to_shed, lower_tier
 from .._scheduling import shadow_id
 from ..backend import Allocation
 from ..errors import (
+    BackendError,
     BlockExistsError,
     BlockNotFoundError,
     CapacityError,
@@ -78,6 +80,54 @@ class Mover:
                 except CapacityError:
                     if await self.shed(ti, nbytes) <= 0:
                         raise
+
+    async def allocate_many_with_room(self, ti: int, items: list[tuple[str, int, bytes]]) -> list[Allocation]:
+        """Allocate every block of ``items`` (key, bytes, tag) on tier ``ti`` in one backend call;
+        when the tier is full, its lowest-ranked blocks are shed once for the whole batch, under the
+        room lock as in :meth:`allocate_with_room`. Returns [] when the batch cannot be allocated
+        whole that way; the caller then stores the blocks one by one, as before.
+
+        The batch sheds only where that sheds what the blocks stored one by one would each have
+        made room for, in the same order: the policy is not on ARC (whose victims depend on each
+        block stored before them); no partial last blocks are stored (every block one size, so no
+        victim frees more than a block needs); the tier is the bottom one (its victims are
+        dropped, and never the blocks the calling put keeps; above it a put's own blocks, among
+        them its earlier batches' new ones, may move down, one by one each new block pushing
+        out the one before it). Otherwise, or when a victim picked is of another size, or a key
+        is reserved or stored there already, or the tier stays too full or fragmented, it
+        returns [] (in the last cases having shed at most the victims the one-by-one path sheds
+        first)."""
+        t = self.s.tiers[ti]
+        backend = t.backend
+        try:
+            return await backend.allocate_many(items)
+        except BlockExistsError:
+            return []
+        except CapacityError:
+            pass
+        sched = self.s.sched
+        if sched.recency and sched.arc:
+            return []
+        size = items[0][1]
+        need = size * len(items)
+        index = self.s.index
+        if index.tails or any(n != size for _, n, _ in items) or backend.stats().capacity_bytes < need:
+            return []
+        async with t.room_lock:
+            st = backend.stats()
+            deficit = need - (st.capacity_bytes - st.used_bytes)
+            if deficit > 0:
+                if lower_tier(self.s.loads(), ti) is not None:
+                    return []  # victims move down: a put's own blocks may be among them
+                victims = self.pick_victims(ti, deficit)
+                if any(e.nbytes != size for e in victims):
+                    return []
+                if await self.shed(ti, deficit, victims=victims) < deficit:
+                    return []
+            try:
+                return await backend.allocate_many(items)
+            except (BlockExistsError, CapacityError):
+                return []
 
     async def rebalance(self) -> None:
         """Move LRU blocks down from every tier past its high watermark."""
@@ -239,7 +289,15 @@ class Mover:
                 freed += e.nbytes
         return victims
 
-    async def shed(self, ti: int, need: int, *, tenant: bytes | None = None, background: bool = False) -> int:
+    async def shed(
+        self,
+        ti: int,
+        need: int,
+        *,
+        tenant: bytes | None = None,
+        background: bool = False,
+        victims: list[Entry] | None = None,
+    ) -> int:
         """Move (or, at the bottom, drop) enough of tier ``ti``'s lowest-ranked blocks to free
         ``need`` bytes there (only ``tenant``'s blocks, when given: a quota); returns the
         bytes actually freed on ``ti``.
@@ -249,13 +307,18 @@ class Mover:
         ``ti`` before its turn is passed over (a concurrent invalidate, evict or move).
         The relocations are shielded: a cancelled caller never leaves half a move behind."""
         index = self.s.index.entries
-        victims = self.pick_victims(ti, need, tenant, background=background)
+        if victims is None:  # (else: picked just now by the caller, with nothing awaited since)
+            victims = self.pick_victims(ti, need, tenant, background=background)
         freed = 0
+        lost: list[Entry] = []  # bottom-tier victims, dropped together (before any other relocation)
         with self.s.index.pinned(victims), anyio.CancelScope(shield=True):
             dest = lower_tier(self.s.loads(), ti)
             for e in victims:
                 if index.get(e.key) is not e:
                     continue  # left the index meanwhile
+                if lost and (e.tier != ti or e.backing > ti):
+                    await self.drop_many(lost)
+                    lost = []
                 if e.tier != ti:
                     if e.backing == ti and await self.shed_durable_copy(e, ti, dest):
                         freed += e.nbytes
@@ -276,9 +339,10 @@ class Mover:
                 if e.moving:
                     continue
                 self.s.decided("evict", e, ti, -1, "watermark at the bottom tier")
-                self.arc_lost(e)
-                await self.drop(e)
+                lost.append(e)
                 freed += e.nbytes
+            if lost:
+                await self.drop_many(lost)
         return freed
 
     async def shed_durable_copy(self, e: Entry, ti: int, dest: int | None) -> bool:
@@ -446,6 +510,37 @@ class Mover:
                 if e.key in keys:
                     keys.discard(e.key)
                     await self.s.drop_copy(ti, e.key)
+
+    async def drop_many(self, entries: list[Entry]) -> None:
+        """Evict ``entries`` at the bottom: each, in turn, goes to ARC's ghost list
+        (:meth:`arc_lost`, counted as one by one) and leaves the index; then every tier frees its
+        copies of them in one backend call (shielded, as in :meth:`drop`). A backend error on
+        the batch frees the rest key by key before it is raised."""
+        by_tier: dict[int, list[str]] = {}
+        for e in entries:
+            self.arc_lost(e)
+            await self.forget(e, None)
+            by_tier.setdefault(e.tier, []).append(e.key)
+            if e.backing >= 0 and e.backing != e.tier:
+                by_tier.setdefault(e.backing, []).append(e.key)
+        with anyio.CancelScope(shield=True):
+            failed: BaseException | None = None
+            for ti, keys in by_tier.items():
+                backend = self.s.tiers[ti].backend
+                try:
+                    await backend.evict_many(keys)
+                except BackendError as exc:
+                    failed = failed or exc
+                    for k in keys:
+                        with contextlib.suppress(BackendError):
+                            await backend.evict(k)
+            for ti, kept in self.s.retained.items():
+                for e in entries:
+                    if e.key in kept:
+                        kept.discard(e.key)
+                        await self.s.drop_copy(ti, e.key)
+            if failed is not None:
+                raise failed
 
     def prefetch_wasted(self, e: Entry) -> None:
         """A prefetched block that leaves its tier before any hit was wasted."""

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import anyio
 import numpy as np
 
-from ..backend import Backend
+from ..backend import Backend, SupportsArrayIO, SupportsDeviceIO
 from ..codecs import TierCodec
 from ..scheduler import CircuitBreaker
 from ._columns import Columns
@@ -402,6 +402,7 @@ class Tier:
     __slots__ = (
         "_c",
         "arc",
+        "array_io",
         "backed",
         "backend",
         "breaker",
@@ -410,6 +411,7 @@ class Tier:
         "codec",
         "config_name",
         "demotions",
+        "device_io",
         "high",
         "hits",
         "kind",
@@ -439,6 +441,10 @@ class Tier:
         self.name = name
         self.config_name = config_name
         self.backend = backend
+        #: the backend's optional protocols, checked once (a runtime protocol check costs
+        #: microseconds, and the write and read paths ask per block)
+        self.array_io = isinstance(backend, SupportsArrayIO)
+        self.device_io = isinstance(backend, SupportsDeviceIO)
         self.kind = str(backend.capabilities.tier_kind.value)
         self.high = high
         self.low = low

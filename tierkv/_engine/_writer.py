@@ -24,7 +24,6 @@ import numpy as np
 from .._device import is_device_tensor
 from .._keys import tail_key
 from .._scheduling import shadow_id
-from ..backend import SupportsArrayIO, SupportsDeviceIO
 from ..errors import CapacityError, InputError, TierUnavailableError
 from ._durable import BlockData, flat, nbytes_of
 from ._entry import handle
@@ -41,10 +40,13 @@ __all__ = ["Writer"]
 #: a put's blocks go to the fastest tier in batches of at most this many bytes (Durable.store_batch):
 #: one batch's copy is what a cancel of the put waits for at most (~10-30 ms at memory speed)
 _BATCH_BYTES = 32 << 20
-#: only a put of at least this many new bytes is batched: what a tier copies on two cores
-#: (the DRAM tier's ``large_copies = "auto"``); a smaller put goes block by block, a cancel
-#: taking effect after the block being copied
+#: a put of at least this many new bytes is batched in batches of up to _BATCH_BYTES: what a
+#: tier copies on two cores (the DRAM tier's ``large_copies = "auto"``)
 _BATCH_MIN = 16 << 20
+#: a smaller put is batched in batches of up to this many bytes (at least one block each): one
+#: allocation, one shedding and one copy per batch instead of per block, a cancel taking effect
+#: after at most one batch's copy (well under a millisecond)
+_SMALL_BATCH_BYTES = 2 << 20
 
 
 class Writer:
@@ -165,11 +167,7 @@ class Writer:
         # once, from the caller's memory into the tier's (no intermediate, no thread hop)
         # (an accelerator block likewise, or stays on the device for a device-resident tier)
         on_device = bool(todo) and is_device_tensor(block(todo[0]))
-        direct = (
-            not checked
-            and top.codec is None
-            and (isinstance(top.backend, SupportsArrayIO) or (on_device and isinstance(top.backend, SupportsDeviceIO)))
-        )
+        direct = not checked and top.codec is None and (top.array_io or (on_device and top.device_io))
 
         def prepare() -> list[tuple[int, BlockData, int]]:
             out: list[tuple[int, BlockData, int]] = []
@@ -209,14 +207,15 @@ class Writer:
                 prepared = (prepare() if direct else await anyio.to_thread.run_sync(prepare)) if todo else []
                 done = 0
                 batchable = direct and not durable and not on_device and len(prepared) > 1
-                if batchable and sum(nbytes_of(d) for _, d, _ in prepared) >= _BATCH_MIN:
-                    # the blocks in batches of at most _BATCH_BYTES: one backend call each (a tier
-                    # copies a large batch on two cores), one batch's copy at most between checkpoints
+                if batchable:
+                    # the blocks in batches of at most _BATCH_BYTES (a large put: a tier copies a large
+                    # batch on two cores) or _SMALL_BATCH_BYTES: one allocation and one backend call
+                    # each, one batch's copy at most between checkpoints
+                    total = sum(nbytes_of(d) for _, d, _ in prepared)
+                    limit = _BATCH_BYTES if total >= _BATCH_MIN else _SMALL_BATCH_BYTES
                     while done < len(prepared):
                         end, size = done, 0
-                        while end < len(prepared) and (
-                            end == done or size + nbytes_of(prepared[end][1]) <= _BATCH_BYTES
-                        ):
+                        while end < len(prepared) and (end == done or size + nbytes_of(prepared[end][1]) <= limit):
                             size += nbytes_of(prepared[end][1])
                             end += 1
                         items = []
