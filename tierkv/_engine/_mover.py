@@ -2,9 +2,10 @@
 
 Owns: the relocation claim (one relocation of a block at a time), the reservations
 made for writes (``allocate_with_room``: a writer that had to make room allocates
-right after its own shedding, under the tier's room lock), the eviction order and
+right after its own shedding, under the tier's room lock; ``allocate_many_with_room``:
+a batch's, shedding once for it), the eviction order and
 victim selection, moving a block between tiers with its durable copy following it,
-promotions, and removing a block from the index and every tier (``drop``/``forget``).
+promotions, and removing a block from the index and every tier (``drop``/``drop_many``/``forget``).
 Relocations are shielded from cancellation once they start writing.
 
 May not touch: the public API, the put/get paths' own bookkeeping.
