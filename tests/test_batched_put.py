@@ -46,6 +46,17 @@ def cfg(policy: str, two_tiers: bool) -> dict[str, Any]:
     return c
 
 
+def _never_batch(m: pytest.MonkeyPatch) -> None:
+    async def never(self: Mover, ti: int, items: list[tuple[str, int, bytes]]) -> list[Any]:
+        return []  # every batch falls back to one block at a time
+
+    m.setattr(Mover, "allocate_many_with_room", never)
+
+
+def _zeros(toks: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    return np.zeros((1, 2, len(toks), 1, 64), dtype=np.float16)
+
+
 async def drive(policy: str, two_tiers: bool, seed: int) -> tuple[list[int], list[tuple[str, int]], dict[str, int]]:
     """Per request (lookup then put): the prefix hit; at the end every block and its tier; and
     how often the fastest tier's backend was asked to allocate and to evict."""
@@ -74,7 +85,7 @@ async def drive(policy: str, two_tiers: bool, seed: int) -> tuple[list[int], lis
         for i, toks in enumerate(workload(seed)):
             clock[0] = float(i)
             leads.append((await kv.lookup(toks)).blocks)
-            await kv.put(toks, np.zeros((1, 2, len(toks), 1, 64), dtype=np.float16))
+            await kv.put(toks, _zeros(toks))
         assert kv.invariant_violations() == []
         placed = sorted((k, kv._index[k].tier) for k in list(kv._index.keys()))
     finally:
@@ -95,11 +106,7 @@ async def test_batched_puts_place_exactly_as_block_by_block(
         monkeypatch.setattr(TauAdapter, "_choose_recency", lambda self: None)
     batched = await drive(policy, two_tiers, seed=3)
     with monkeypatch.context() as m:
-
-        async def never(self: Mover, ti: int, items: list[tuple[str, int, bytes]]) -> list[Any]:
-            return []  # every batch falls back to one block at a time
-
-        m.setattr(Mover, "allocate_many_with_room", never)
+        _never_batch(m)
         one_by_one = await drive(policy, two_tiers, seed=3)
     assert batched[0] == one_by_one[0]  # the same prefix hit, request for request
     assert batched[1] == one_by_one[1]  # the same blocks left, on the same tiers
@@ -116,28 +123,17 @@ async def test_a_batch_that_cannot_fit_stores_what_fits_block_by_block(anyio_bac
     kv = await TierKV.open(library_config(CAP, "lru"))
     try:
         toks = np.arange((CAP + 10) * BLOCK_TOKENS, dtype=np.int64)
-        res = await kv.put(toks, np.zeros((1, 2, len(toks), 1, 64), dtype=np.float16))
+        res = await kv.put(toks, _zeros(toks))
         assert res.new_blocks == CAP
         assert (await kv.lookup(toks)).blocks == CAP
         other = np.arange(5 * BLOCK_TOKENS, dtype=np.int64) + 10**6
-        res = await kv.put(other, np.zeros((1, 2, len(other), 1, 64), dtype=np.float16))
+        res = await kv.put(other, _zeros(other))
         assert res.new_blocks == 5  # the tier sheds 5 of the first put's blocks at once
         assert (await kv.lookup(other)).blocks == 5
         assert kv.invariant_violations() == []
         assert kv._s.tiers[0].backend.stats().used_bytes == CAP * _BLOCK_NBYTES
     finally:
         await kv.aclose()
-
-
-def _never_batch(m: pytest.MonkeyPatch) -> None:
-    async def never(self: Mover, ti: int, items: list[tuple[str, int, bytes]]) -> list[Any]:
-        return []
-
-    m.setattr(Mover, "allocate_many_with_room", never)
-
-
-def _zeros(toks: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    return np.zeros((1, 2, len(toks), 1, 64), dtype=np.float16)
 
 
 async def test_arc_ghosts_count_each_victim_of_a_shed_as_one_by_one(

@@ -109,17 +109,16 @@ class Mover:
         sched = self.s.sched
         if sched.recency and sched.arc:
             return []
+        if lower_tier(self.s.loads(), ti) is not None:
+            return []  # victims move down: a put's own blocks may be among them
         size = items[0][1]
         need = size * len(items)
-        index = self.s.index
-        if index.tails or any(n != size for _, n, _ in items) or backend.stats().capacity_bytes < need:
+        if self.s.index.tails or any(n != size for _, n, _ in items) or backend.stats().capacity_bytes < need:
             return []
         async with t.room_lock:
             st = backend.stats()
             deficit = need - (st.capacity_bytes - st.used_bytes)
             if deficit > 0:
-                if lower_tier(self.s.loads(), ti) is not None:
-                    return []  # victims move down: a put's own blocks may be among them
                 victims = self.pick_victims(ti, deficit)
                 if any(e.nbytes != size for e in victims):
                     return []
@@ -507,10 +506,14 @@ class Mover:
             await self.s.tiers[e.tier].backend.evict(e.key)
             if e.backing >= 0 and e.backing != e.tier:
                 await self.s.tiers[e.backing].backend.evict(e.key)
-            for ti, keys in self.s.retained.items():
-                if e.key in keys:
-                    keys.discard(e.key)
-                    await self.s.drop_copy(ti, e.key)
+            await self._drop_retained(e.key)
+
+    async def _drop_retained(self, key: str) -> None:
+        """Drop the copies of ``key`` kept on tiers as retained copies (call shielded)."""
+        for ti, keys in self.s.retained.items():
+            if key in keys:
+                keys.discard(key)
+                await self.s.drop_copy(ti, key)
 
     async def drop_many(self, entries: list[Entry]) -> None:
         """Evict ``entries`` at the bottom: each, in turn, goes to ARC's ghost list
@@ -535,11 +538,9 @@ class Mover:
                     for k in keys:
                         with contextlib.suppress(BackendError):
                             await backend.evict(k)
-            for ti, kept in self.s.retained.items():
+            if self.s.retained:
                 for e in entries:
-                    if e.key in kept:
-                        kept.discard(e.key)
-                        await self.s.drop_copy(ti, e.key)
+                    await self._drop_retained(e.key)
             if failed is not None:
                 raise failed
 
