@@ -164,6 +164,7 @@ async def run_random_workload(
     policy: str = "lru",
     partial: bool = False,
     force: str | None = None,
+    one_tier: bool = False,
 ) -> dict[str, int]:
     """The randomized concurrency run of the acceptance list: dram + nvme + pfs at small
     capacities, the service running, put (whole, or a chunk from a strided view)/get/lookup/
@@ -172,13 +173,16 @@ async def run_random_workload(
     ``partial_blocks`` (tails stored); ``force`` (adaptive policy, the caller keeps the adapter
     from switching): the cache follows recency with the frequency admission filter on
     (``"admission"``: it must have cut at least one put, ``counts["filtered"]``) or by ARC
-    (``"arc"``: ARC must have chosen victims at least once, ``counts["filtered"]``)."""
-    cfg = smol_config(
-        [dram_tier(6 * BLOCK), nvme_tier(tmp_path, 8 * 512 * 1024, "512KiB"), pfs_tier(tmp_path, 16 * BLOCK)],
-        scheduler={"policy": policy},
-        partial_blocks=partial,
-    )
+    (``"arc"``: ARC must have chosen victims at least once, ``counts["filtered"]``); ``one_tier``: a
+    single DRAM tier, the fastest tier is the bottom one, so a full tier makes room for a put's
+    batch at once (``Mover.allocate_many_with_room``: it must have shed for a batch at least once,
+    ``counts["batch_sheds"]``; no durable puts)."""
+    tiers = [dram_tier(6 * BLOCK), nvme_tier(tmp_path, 8 * 512 * 1024, "512KiB"), pfs_tier(tmp_path, 16 * BLOCK)]
+    if one_tier:
+        tiers = [dram_tier(12 * BLOCK)]
+    cfg = smol_config(tiers, scheduler={"policy": policy}, partial_blocks=partial)
     counts = {"ops": 0, "cancelled": 0, "typed_errors": 0, "hits": 0, "tail_hits": 0, "paged_hits": 0, "filtered": 0}
+    counts["batch_sheds"] = 0
     wrong: list[str] = []
     untyped: list[BaseException] = []
     async with serving(cfg) as kv:
@@ -208,6 +212,14 @@ async def run_random_workload(
                 return arc_lists(ti)
 
             mover._arc_lists = arc_counting  # type: ignore[method-assign]
+        if one_tier:
+            shed = kv._s.mover.shed
+
+            async def shed_counting(ti: int, need: int, **kw: Any) -> int:
+                counts["batch_sheds"] += kw.get("victims") is not None
+                return await shed(ti, need, **kw)
+
+            kv._s.mover.shed = shed_counting  # type: ignore[method-assign]
         deadline = anyio.current_time() + seconds
         # on a slow machine the run goes on past ``seconds`` (to at most 4x) until each kind of
         # operation the assertions below count has happened at least once
@@ -219,6 +231,7 @@ async def run_random_workload(
                 all(counts[c] > 0 for c in ("cancelled", "hits", "paged_hits"))
                 and (counts["tail_hits"] > 0 or not partial)
                 and (counts["filtered"] > 0 or force is None)
+                and (counts["batch_sheds"] > 0 or not one_tier)
             )
             return now < deadline or (not covered and now < hard_deadline)
 
@@ -254,7 +267,8 @@ async def run_random_workload(
                 try:
                     with anyio.move_on_after(budget if budget is not None else 30) as scope:
                         if op < 0.3:
-                            await kv.put(base_tokens(fam, n), base_kv(fam, n), durable=rng.random() < 0.2)
+                            durable = rng.random() < 0.2 and not one_tier
+                            await kv.put(base_tokens(fam, n), base_kv(fam, n), durable=durable)
                         elif op < 0.4:  # only the newest blocks (a chunk put of a strided view)
                             start = rng.randrange(n // BT + 1) * BT
                             await kv.put(base_tokens(fam, n), _family_kv(fam)[:, :, start:n], start=start)
@@ -287,6 +301,7 @@ async def run_random_workload(
         assert kv.failed_jobs == 0
     assert counts["cancelled"] > 0 and counts["hits"] > 0 and counts["paged_hits"] > 0
     assert counts["filtered"] > 0 or force is None
+    assert counts["batch_sheds"] > 0 or not one_tier
     return counts
 
 
@@ -299,6 +314,13 @@ async def test_random_concurrency_invariants(tmp_path: Path, policy: str, partia
     store and hit their trailing partial block, and the same invariants hold."""
     counts = await run_random_workload(tmp_path, tasks=64, seconds=6.0, seed=1, policy=policy, partial=partial)
     assert (counts["tail_hits"] > 0) == partial
+
+
+@pytest.mark.parametrize("policy", ["lru", "predictive"])
+async def test_random_concurrency_invariants_one_tier_batched_sheds(tmp_path: Path, policy: str) -> None:
+    """One DRAM tier (the bottom one), the service running: a full tier sheds once for a put's
+    batch while puts are cancelled at random points; every invariant and every byte holds."""
+    await run_random_workload(tmp_path, tasks=64, seconds=4.0, seed=3, policy=policy, one_tier=True)
 
 
 @pytest.mark.parametrize("force", ["admission", "arc"])
