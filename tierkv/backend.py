@@ -530,23 +530,26 @@ class Taken:
     array: np.ndarray[Any, Any]
     index: np.ndarray[Any, Any]
     axis: int
+    #: the shape of the taken elements (``array``'s, ``len(index)`` along ``axis``)
+    shape: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    #: their size in bytes
+    nbytes: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        n = self.array.shape[self.axis] if 0 <= self.axis < self.array.ndim else 0
-        if not 0 <= self.axis < self.array.ndim:
-            raise InputError(f"Taken: axis {self.axis} is outside an array of {self.array.ndim} axes")
-        if self.index.ndim != 1 or (self.index.size and (self.index.min() < 0 or self.index.max() >= n)):
-            raise InputError(f"Taken: the index must be 1-D ids in [0, {n}) along axis {self.axis}")
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        s = list(self.array.shape)
-        s[self.axis] = len(self.index)
-        return tuple(s)
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * self.array.itemsize
+        a, idx, axis = self.array, self.index, self.axis
+        if not 0 <= axis < a.ndim:
+            raise InputError(f"Taken: axis {axis} is outside an array of {a.ndim} axes")
+        n = a.shape[axis]
+        if idx.ndim != 1:
+            raise InputError(f"Taken: the index must be 1-D ids in [0, {n}) along axis {axis}")
+        if idx.size:
+            # a chunk of engine blocks has a few ids: Python's min/max of them beat two numpy reductions
+            ids = idx.tolist() if idx.size <= 64 else (int(idx.min()), int(idx.max()))
+            if min(ids) < 0 or max(ids) >= n:
+                raise InputError(f"Taken: the index must be 1-D ids in [0, {n}) along axis {axis}")
+        shape = (*a.shape[:axis], len(idx), *a.shape[axis + 1 :])
+        object.__setattr__(self, "shape", shape)  # (computed once: copy loops ask per part)
+        object.__setattr__(self, "nbytes", math.prod(shape) * a.itemsize)
 
     def gather_into(self, out: np.ndarray[Any, Any]) -> None:
         """Copy the taken elements into ``out`` (an array of :attr:`shape`)."""

@@ -27,17 +27,18 @@ Options (all optional):
     yields to the event loop (a checkpoint) after every ``inline_copy_bytes``;
     ``thread`` copies the whole batch in one worker-thread hop (numpy releases
     the GIL), so the loop runs other tasks on another core meanwhile; ``split``
-    (array copies: ``write_arrays``/``read_arrays``) shares the copies by bytes
-    between one worker thread and the loop's own thread, which run at once on
-    two cores; ``auto`` splits array copies of at least 16 MiB on a machine with
-    more than one CPU and slices the rest. A single core's copy does not reach
-    the memory's bandwidth on small VMs: on the 2-vCPU development VM a
-    multi-block ``get(out=)`` of 94 MB went from 0.49x to 0.82-0.97x, and a put
-    (its new blocks written in batches) from 0.36x to 0.54-0.74x a single-threaded
-    ``np.copyto`` of the same bytes (``benchmarks/bench_api.py``;
-    ``benchmarks/results/2026-12-02-session6.txt``); one 5.6 MB block alone is
-    slower split (the worker's wake-up and the GIL hand-offs cost more than half
-    a block's copy saves), so ``auto`` leaves it sliced.
+    (array copies: ``write_arrays``/``read_arrays``) shares the copies, in pieces
+    of at most ``inline_copy_bytes``, between the backend's copy helper thread and
+    the loop's own thread, each taking the next piece until none is left
+    (:mod:`tierkv_backends._copier`), which run at once on two cores; ``auto``
+    splits array copies of at least 16 MiB on a machine with more than one CPU
+    and slices the rest. A single core's copy does not reach the memory's
+    bandwidth on small VMs (on the 2-vCPU development VM two threads reach a
+    single-threaded ``np.copyto`` of the same bytes, one about 0.6-0.8x of it:
+    ``benchmarks/bench_api.py``); one 5.6 MB block alone gains nothing split
+    (measured: 0.52-0.62 ms sliced, 0.59-0.76 ms split), so ``auto`` leaves it
+    sliced. A cancel stops a split copy at the next piece boundary of both
+    threads.
 
 Copy policy and its trade-off (measured on the 2-vCPU development VM, medians):
 one ``anyio.to_thread`` hop costs 65-90 us empty and 100-190 us more when the
@@ -89,7 +90,6 @@ drops the reservation and raises the cancellation, so it never commits; a
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
 import re
@@ -139,6 +139,7 @@ from tierkv.errors import (
 )
 
 from ._arena import Arena, Extent
+from ._copier import Copier
 
 __all__ = ["DramBackend"]
 
@@ -237,6 +238,7 @@ class DramBackend(Backend):
         self._arena: Arena | None = None
         self._pinned = False
         self._limiter: anyio.CapacityLimiter | None = None
+        self._copier = Copier()  # the helper thread of ``split`` copies (started on first use)
         self._blocks: dict[str, _Slot] = {}
         # reservations, and the exact counts (the arena's allocator decides what fits)
         self._ledger: ReservationLedger[_Slot] = ReservationLedger(tier=self.name, max_block_bytes=self._max_block)
@@ -287,6 +289,7 @@ class DramBackend(Backend):
         self._blocks.clear()
         self._ledger.clear(committed=True)  # a memory tier keeps nothing across close
         self._arena = None  # in-flight copies keep their own views alive
+        await self._copier.aclose()
 
     # ------------------------------------------------------------------ helpers
     def _live_arena(self) -> Arena:
@@ -742,12 +745,13 @@ class DramBackend(Backend):
 
     async def _copy_split(self, pairs: list[tuple[Any, np.ndarray[Any, Any]]], one: Any, *, out: bool) -> None:
         """``split``: the copies, cut along each array's first axis into pieces of at most
-        ``inline_copy_bytes``, are shared by bytes between one worker thread (the first half)
-        and the event-loop thread (the rest, yielding after each piece); numpy releases the GIL,
-        so both run at once on two cores. Waited for as a whole even when cancelled (the
-        caller's memory is written until the worker returns); the cancel is delivered after."""
+        ``inline_copy_bytes`` (at most an eighth of the call, at least 64 KiB), are shared between
+        the backend's copy helper thread and the event-loop thread, each taking the next piece
+        until none is left (:class:`~tierkv_backends._copier.Copier`); numpy releases the GIL, so
+        both run at once on two cores. A cancel stops both at their next piece boundary and is
+        raised once the helper's piece is done (the caller's memory is written until then)."""
         total = sum(a.nbytes for a, _ in pairs)
-        budget = max(1, min(self._inline, max(64 << 10, total // 8)))  # halves within ~1/8
+        budget = max(1, min(self._inline, max(64 << 10, total // 8)))
         pieces: list[tuple[Any, Any, int]] = []  # (caller side, arena side, bytes)
         for a, v in pairs:
             if isinstance(a, Taken) or not a.ndim or a.shape[0] < 2:
@@ -757,23 +761,7 @@ class DramBackend(Backend):
             step = max(1, min(rows, budget // max(1, a.nbytes // rows)))
             for r in range(0, rows, step):
                 pieces.append((a[r : r + step], v[r : r + step], (min(rows, r + step) - r) * (a.nbytes // rows)))
-        cut, acc = 0, 0
-        while cut < len(pieces) and acc + pieces[cut][2] <= total // 2:
-            acc += pieces[cut][2]
-            cut += 1
-        mine, theirs = pieces[cut:], pieces[:cut]
-
-        def worker() -> None:
-            for a, v, _ in theirs:
-                one(a, v)
-
-        async with anyio.create_task_group() as tg:
-            if theirs:
-                tg.start_soon(functools.partial(anyio.to_thread.run_sync, worker, limiter=self._limiter))
-            for a, v, _ in mine:
-                one(a, v)
-                await anyio.lowlevel.checkpoint()
-        await anyio.lowlevel.checkpoint_if_cancelled()
+        await self._copier.run(pieces, one, max(1, self._inline))
 
     async def write_arrays(self, allocations: Sequence[Allocation], arrays: Sequence[Any]) -> None:
         """:class:`~tierkv.backend.SupportsArrayIO`: :meth:`write_many` with each block

@@ -153,7 +153,12 @@ class Durable:
         one by one (the batch stops before a block indexed already; none is stored when the
         batch cannot be allocated whole, see ``allocate_many_with_room``; no batch for a tier that
         is not a healthy array tier without codec or checksum, nor for a tenant with a quota; a
-        failed write stores none). Call shielded: the copies run to the end once started."""
+        failed write stores none).
+
+        Cancellation: the allocation (with the shedding it may do) and the indexing are shielded,
+        the copy is not: a cancel during it frees the batch's allocations (the backend's
+        all-or-nothing write) and is raised, no block of the batch stored; a cancel before the
+        copy starts stores none either."""
         ti = next((i for i, t in enumerate(self.s.tiers) if t.healthy), -1)
         if ti < 0:
             return []
@@ -166,13 +171,14 @@ class Durable:
         n = 0
         while n < len(items) and entries.get(items[n][0]) is None:
             n += 1
-        try:
-            allocs = await self.s.mover.allocate_many_with_room(
-                ti, [(key, nbytes_of(data), tag) for key, data, tag, _, _ in items[:n]]
-            )
-        except BackendError as exc:
-            self.s.tier_failed(ti, exc)
-            return []
+        with anyio.CancelScope(shield=True):
+            try:
+                allocs = await self.s.mover.allocate_many_with_room(
+                    ti, [(key, nbytes_of(data), tag) for key, data, tag, _, _ in items[:n]]
+                )
+            except BackendError as exc:
+                self.s.tier_failed(ti, exc)
+                return []
         n = len(allocs)
         if n == 0:
             return []
@@ -184,11 +190,12 @@ class Durable:
             self.s.tier_failed(ti, exc)
             return []
         out = []
-        for key, data, tag, pos, parent in items[:n]:
-            nbytes = nbytes_of(data)
-            t.bytes_in += nbytes
-            self.s.tel.bytes_written.add(nbytes, {"tier": t.name})
-            out.append((await self._index_written(key, ti, nbytes, tag, pos, tid, parent, root, label))[1])
+        with anyio.CancelScope(shield=True):
+            for key, data, tag, pos, parent in items[:n]:
+                nbytes = nbytes_of(data)
+                t.bytes_in += nbytes
+                self.s.tel.bytes_written.add(nbytes, {"tier": t.name})
+                out.append((await self._index_written(key, ti, nbytes, tag, pos, tid, parent, root, label))[1])
         return out
 
     async def await_concurrent_store(
