@@ -12,6 +12,9 @@ Every repetition measures, back to back, the reference and each operation:
   the whole KV at once is streamed around the caches by glibc, a block's copy is not);
 * ``memcpy fresh``: the same into a new ``np.empty`` buffer (its pages faulted in and zeroed by
   the kernel as they are first written): the floor of any ``get()`` that returns new memory;
+  ``memcpy fresh, 2 threads``: the same with two threads each copying half of the layers (the
+  page faults of the two halves taken at once): the floor of a ``get()`` that copies on two cores,
+  as the DRAM tier does;
 * ``put``: ``put(tokens, kv)`` of the whole sequence into an emptied store;
 * ``get(out=)``: ``get(tokens, out=buffer)`` into a pre-touched caller buffer;
 * ``get()``: ``get(tokens)``, the store allocating the result;
@@ -105,6 +108,17 @@ def _copy_by_block(src: np.ndarray[Any, Any], dst: np.ndarray[Any, Any]) -> None
         np.copyto(d[o : o + step], s[o : o + step])
 
 
+def _copy_fresh_two_threads(src: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``np.copyto`` of ``src`` into a new buffer, the two halves of its first axis on two threads."""
+    dst = np.empty_like(src)
+    half = src.shape[0] // 2
+    with ThreadPoolExecutor(1) as ex:
+        other = ex.submit(np.copyto, dst[:half], src[:half])
+        np.copyto(dst[half:], src[half:])
+        other.result()
+    return dst
+
+
 def timed(fn: Callable[[], Any]) -> float:
     t0 = time.perf_counter()
     fn()
@@ -132,6 +146,7 @@ async def bench_shape(name: str, n: int, reps: int) -> list[tuple[str, str, str,
         for rep in range(reps):
             add("memcpy", timed(lambda: np.copyto(dst, src)))
             add("memcpy fresh", timed(lambda: np.copyto(np.empty_like(src), src)))
+            add("memcpy fresh, 2 threads", timed(lambda: _copy_fresh_two_threads(src)))
             add("memcpy by block", timed(lambda: _copy_by_block(src, dst)))
             await kv.invalidate()
             add("put", await atimed(lambda: kv.put(tokens, src)))
@@ -181,6 +196,8 @@ async def bench_shape(name: str, n: int, reps: int) -> list[tuple[str, str, str,
     rows: list[tuple[str, str, str, str, str]] = [("memcpy", f"{mem * 1e3:.1f} ms", "1.00x", "", "")]
     fresh = statistics.median(res["memcpy fresh"])
     rows.append(("memcpy fresh", f"{fresh * 1e3:.1f} ms", f"{mem / fresh:.2f}x", "", ""))
+    fresh2 = statistics.median(res["memcpy fresh, 2 threads"])
+    rows.append(("memcpy fresh, 2 threads", f"{fresh2 * 1e3:.1f} ms", f"{mem / fresh2:.2f}x", "", ""))
     byblock = statistics.median(res["memcpy by block"])
     rows.append(("memcpy by block", f"{byblock * 1e3:.1f} ms", f"{mem / byblock:.2f}x", "", ""))
     for k, target in (("put", ">= 0.95x"), ("get(out=)", ">= 0.95x"), ("get()", ">= 0.8x")):

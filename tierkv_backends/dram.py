@@ -746,8 +746,8 @@ class DramBackend(Backend):
     async def _copy_split(self, pairs: list[tuple[Any, np.ndarray[Any, Any]]], one: Any, *, out: bool) -> None:
         """``split``: the copies, cut along each array's first axis into pieces of at most
         ``inline_copy_bytes`` (at most an eighth of the call, at least 64 KiB), are shared between
-        the backend's copy helper thread and the event-loop thread, each taking the next piece
-        until none is left (:class:`~tierkv_backends._copier.Copier`); numpy releases the GIL, so
+        the event-loop thread (from the front) and the backend's copy helper thread (from the
+        back) until none is left (:class:`~tierkv_backends._copier.Copier`); numpy releases the GIL, so
         both run at once on two cores. A cancel stops both at their next piece boundary and is
         raised once the helper's piece is done (the caller's memory is written until then)."""
         total = sum(a.nbytes for a, _ in pairs)
