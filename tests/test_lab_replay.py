@@ -290,7 +290,7 @@ def test_synthetic_traces_are_valid_mooncake(tmp_path: Path, shape: str) -> None
     path = tmp_path / f"{shape}.jsonl"
     n = write_synthetic(path, shape, seed=3, sessions=120)
     tr = load_trace(path)
-    assert len(tr.blocks) == n > 120
+    assert len(tr.blocks) == n >= 120  # longdoc: one request per session
     assert tr.times == sorted(tr.times)
     for ids, n_in in zip(tr.blocks, tr.input_lengths, strict=True):
         assert len(ids) == -(-n_in // 512)

@@ -1,4 +1,5 @@
-"""The synthetic generator's workload shapes (rag, agent_tools, bursty, mixture) and the replay's per-shape view."""
+"""The synthetic generator's workload shapes (rag, agent_tools, bursty, mixture, longdoc) and the replay's
+per-shape view."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import statistics
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -16,7 +17,7 @@ from tierkv.lab import synth
 from tierkv.lab.replay import load_trace, main
 from tierkv.lab.synth import SHAPES, synthetic_requests, write_synthetic
 
-NEW = ("rag", "agent_tools", "bursty", "mixture")
+NEW = ("rag", "agent_tools", "bursty", "mixture", "longdoc")
 SUB = {"mixture": {"chat", "agent", "noise", "rag", "agent_tools", "bursty"}, "mixed": {"chat", "agent"}}
 
 
@@ -193,6 +194,51 @@ def test_mixture_interleaves_every_shape() -> None:
     for r in rows:
         for b in r["hash_ids"]:  # type: ignore[union-attr]
             assert owner.setdefault(b, str(r["shape"])) == r["shape"]
+
+
+def test_longdoc_phases_prompt_lengths_and_reuse_distances() -> None:
+    rows = synthetic_requests("longdoc", seed=3, sessions=3000)
+    reqs = ids_of(rows)
+    times = [cast(int, r["timestamp"]) for r in rows]
+    t40 = times[0] + 0.4 * (times[-1] - times[0])
+    dist = stack_distances_per_request(reqs)
+    seen: set[int] = set()
+    reused = {False: [0, 0], True: [0, 0]}  # phase (after 40%?) -> [accesses of seen blocks, accesses]
+    for r, t in zip(reqs, times, strict=True):
+        c = reused[t >= t40]
+        c[0] += sum(b in seen for b in r)
+        c[1] += len(r)
+        seen.update(r)
+    before, after = reused[False][0] / reused[False][1], reused[True][0] / reused[True][1]
+    assert before <= 0.12 and after >= 0.6, (before, after)  # little reuse, then a lot
+    late = [i for i, t in enumerate(times) if t >= t40]
+    assert 13_500 <= statistics.median(cast(int, rows[i]["input_length"]) for i in late) <= 15_500
+    d = sorted(x for i in late for x in dist[i])
+    assert len(d) >= 0.6 * sum(len(reqs[i]) for i in late)
+    assert d[len(d) // 20] >= 4000 and d[-len(d) // 20] <= 14_000  # 5th and 95th percentiles, in blocks
+    assert sum(4000 <= x <= 14_000 for x in d) >= 0.95 * len(d)
+    # a reuse is a whole document (its questions are distinct): a request reuses all its blocks but the last or none
+    leads = seen_leads(reqs)
+    assert all(lead in (0, len(r) - 1) for r, lead in zip(reqs, leads, strict=True))
+    asked = Counter(r[0] for r in reqs)  # the document of a request: its first block
+    first = {r[0]: t for r, t in zip(reversed(reqs), reversed(times), strict=True)}
+    assert max(n for doc, n in asked.items() if first[doc] < t40) <= 2  # one-offs (10% asked twice) first
+    assert 6 <= max(asked.values()) <= 8 and statistics.median(n for doc, n in asked.items() if first[doc] >= t40) >= 3
+
+
+def stack_distances_per_request(reqs: list[list[int]]) -> list[list[int]]:
+    """:func:`stack_distances`, grouped by the request that makes each reuse."""
+    flat = stack_distances(reqs)
+    seen: set[int] = set()
+    out, k = [], 0
+    for r in reqs:
+        n = 0
+        for b in r:
+            n += b in seen
+            seen.add(b)
+        out.append(flat[k : k + n])
+        k += n
+    return out
 
 
 def replay_json(tmp_path: Path, trace: Path, name: str, *extra: str) -> dict[str, Any]:

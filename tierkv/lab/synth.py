@@ -47,6 +47,20 @@ Shapes (sessions arrive as a Poisson process, one per second on average):
   380 s). Why: a burst brings hundreds of one-off prompts within seconds -- it
   flushes a naive recency cache, and the long-lived sessions' next turns (often after the burst) miss;
   a policy should let the burst's first turns pass through.
+* ``longdoc`` -- a document-QA service over long documents, 512-token blocks: ``sessions`` requests (each a
+  question of its own), arrivals a Poisson process of one request every 2 s. A request is one document
+  (lognormal length, median 28 blocks, sigma 0.45, 6-64 blocks; its first block also holds a short
+  instruction) and a distinct question (20-400 tokens, a partial block); no block is shared between
+  documents. Two phases by time: in the first 40% of the trace almost every document is a one-off (10%
+  are asked a second time); from 40% on a new document is asked 3-8 times in all. The next question on a
+  document is due a log-uniform 140-750 requests after the previous one (served at the first free request:
+  a due question always goes before a new document). With 12,000 sessions (seeds 1, 2): median prompt
+  about 14,500 tokens; 5th-95th percentiles of a reuse's LRU stack distance about 4,900-13,700 blocks
+  after 40% (about 97% of them within 4,000-14,000); reused accesses about 8% before 40%, 77% after
+  (``benchmarks/trace_properties.py`` prints these). Why: few long prompts reused at long distances after
+  a phase of one-off documents -- a policy tuned on the first phase sees no reuse, recency alone keeps a
+  document only in a cache larger than its reuse distance, and frequency needs a second access before it
+  can help. Not part of ``mixture`` (its traces stay as they were).
 * ``mixture`` -- all of ``chat``, ``agent``, ``noise``, ``rag``, ``agent_tools`` and ``bursty`` interleaved
   in one time window: each gets ``sessions // 6`` sessions (``noise`` a quarter of that, its requests
   being sessions of their own) drawn from its own generator seeded by ``(seed, shape)``, and the trace
@@ -58,6 +72,7 @@ Shapes (sessions arrive as a Poisson process, one per second on average):
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import math
 import random
@@ -67,7 +82,7 @@ from pathlib import Path
 
 __all__ = ["SHAPES", "synthetic_requests", "write_synthetic"]
 
-SHAPES: tuple[str, ...] = ("chat", "agent", "mixed", "noise", "rag", "agent_tools", "bursty", "mixture")
+SHAPES: tuple[str, ...] = ("chat", "agent", "mixed", "noise", "rag", "agent_tools", "bursty", "mixture", "longdoc")
 _BT = 512
 #: the shapes ``mixture`` interleaves, in generation order
 _MIXTURE: tuple[str, ...] = ("chat", "agent", "noise", "rag", "agent_tools", "bursty")
@@ -299,6 +314,35 @@ def _bursty(rnd: random.Random, ctx: _Ctx, sessions: int) -> list[_Event]:
     return events
 
 
+def _longdoc(rnd: random.Random, ctx: _Ctx, sessions: int) -> list[_Event]:
+    """``longdoc``: ``sessions`` requests, one-off documents in the first 40% of the time, then documents
+    asked 3-8 times at long gaps (see the module docstring)."""
+    times: list[float] = []
+    t = 0.0
+    for _ in range(sessions):
+        t += rnd.expovariate(0.5)
+        times.append(t)
+    t_phase = times[0] + 0.4 * (times[-1] - times[0]) if times else 0.0
+    lo, hi = math.log(140.0), math.log(750.0)
+    due: list[tuple[int, int, list[int], int]] = []  # (request index due, document, its blocks, asks left)
+    events: list[_Event] = []
+    n_docs = 0
+    for i, ts in enumerate(times):
+        if due and due[0][0] <= i:
+            _, d, doc, left = heapq.heappop(due)
+        else:
+            n_blocks = max(6, min(64, round(rnd.lognormvariate(math.log(28.0), 0.45))))
+            doc = [ctx.fresh() for _ in range(n_blocks)]
+            d, n_docs = n_docs, n_docs + 1
+            left = rnd.randint(3, 8) - 1 if ts >= t_phase else int(rnd.random() < 0.1)
+        if left > 0:
+            heapq.heappush(due, (i + round(math.exp(rnd.uniform(lo, hi))), d, doc, left - 1))
+        question = rnd.randint(20, 400)
+        segs = [*doc, ctx.fresh()]
+        events.append((ts, _BT * len(doc) + question, rnd.randint(20, 400), ctx.chain(segs), "longdoc"))
+    return events
+
+
 def _events(shape: str, rnd: random.Random, ctx: _Ctx, sessions: int) -> list[_Event]:
     if shape == "noise":
         return _noise(rnd, ctx, sessions)
@@ -310,6 +354,8 @@ def _events(shape: str, rnd: random.Random, ctx: _Ctx, sessions: int) -> list[_E
         return _agent_tools(rnd, ctx, sessions)
     if shape == "bursty":
         return _bursty(rnd, ctx, sessions)
+    if shape == "longdoc":
+        return _longdoc(rnd, ctx, sessions)
     raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
 
 
