@@ -53,7 +53,7 @@ SHARED = Path("/work/shared/traces/mooncake-fast25/conversation_trace.jsonl")
 LOCAL = Path(__file__).resolve().parent.parent / "tests" / "data" / "traces" / "mooncake_conversation_trace.jsonl"
 TRACE_BLOCK = 512
 #: policies the library supports (``scheduler.policy``)
-POLICIES = ("predictive", "lru")
+POLICIES = ("adaptive", "predictive", "lru")
 HF = {
     "model_type": "bench",
     "num_hidden_layers": 1,

@@ -177,7 +177,7 @@ def test_scheduler_state_adapts_tau_and_ranks_with_it() -> None:
 
 
 def test_scheduler_state_fixed_tau_and_lru_have_no_adapter() -> None:
-    s = SchedulerState({"tau_candidates_s": []}, ["dram"], ["dram"])
+    s = SchedulerState({"policy": "predictive", "tau_candidates_s": []}, ["dram"], ["dram"])
     s.set_capacity_blocks(100)
     assert s.tau_adapter is None and s.end_request(1.0) is None and s.tau_s == 300.0
     s2 = SchedulerState({"policy": "lru"}, ["dram"], ["dram"])

@@ -10,14 +10,17 @@ Configuration: the ``[scheduler]`` table.
 =========================  ===========  ==================================================
 field                      default      meaning
 =========================  ===========  ==================================================
-``policy``                 lru          ``lru`` (recency ranks evictions; a block hit twice
-                                        in a slower tier is promoted to the fastest),
-                                        ``predictive`` (the predictor ranks evictions and
-                                        values promotions) or ``adaptive`` (recency or the
+``policy``                 adaptive     ``adaptive`` (recency -- plain LRU, LRU with a
+                                        frequency admission filter, or ARC -- or the
                                         predictor, whichever scores more hits on sampled
-                                        shadow caches of both: see below). The default is
-                                        the policy that measures best in
-                                        ``benchmarks/bench_library_replay.py``
+                                        shadow caches: see below), ``lru`` (recency ranks
+                                        evictions; a block hit twice in a slower tier is
+                                        promoted to the fastest) or ``predictive`` (the
+                                        predictor ranks evictions and values promotions).
+                                        The default is the policy that measures best, in
+                                        the replay lab (``tierkv replay``: every trace
+                                        shape, the Mooncake trace, ShareGPT conversations)
+                                        and in ``benchmarks/bench_library_replay.py``
 ``prefill_tokens_per_s``   none         the engine's prefill rate; enables the
                                         fetch-vs-recompute gate
 ``gate_probe_interval_s``  10           a tier the gate turns down is still fetched from
@@ -214,7 +217,7 @@ class SchedulerState:
     ) -> None:
         reject_unknown(options, _KNOWN, prefix="scheduler")
         self._clock = clock
-        self.policy = opt_choice(options, "policy", ("predictive", "lru", "adaptive"), "lru", prefix="scheduler")
+        self.policy = opt_choice(options, "policy", ("predictive", "lru", "adaptive"), "adaptive", prefix="scheduler")
         #: evictions follow recency now: always under ``lru``, while the shadows say so under ``adaptive``
         self.recency = self.policy == "lru"
         rate = options.get("prefill_tokens_per_s")
