@@ -9,7 +9,7 @@ from pathlib import Path
 import anyio
 import numpy as np
 import pytest
-from kvtest import BT, config, dram_tier, kv_for, smol_config
+from kvtest import BLOCK, BT, config, dram_tier, kv_for, smol_config
 
 from tierkv import InputError, KVLayoutError, TierKV
 
@@ -237,3 +237,47 @@ async def test_a_batched_put_cancelled_anywhere_stores_a_sound_prefix(tmp_path: 
             stored = [k.hex() in kv._s.index.entries for k in kv._s.keys(toks, None)[1]]
             lead = stored.index(False) if False in stored else len(stored)
             assert got.tokens == lead * BT and not any(stored[lead:])
+
+
+async def test_a_put_cancelled_before_it_starts_sheds_nothing_for_its_batches(tmp_path: Path) -> None:
+    """A full single-tier store and a put of 48 new blocks under a cancel that is already pending: the
+    put neither stores a block nor sheds any of the 64 stored ones to make room for its batch."""
+    kv_blocks = 64
+    async with await TierKV.open(config(tmp_path, dram=kv_blocks * BLOCK, pfs=None)) as kv:
+        first = list(range(kv_blocks * BT))
+        await kv.put(first, kv_for(kv_blocks * BT, seed=1))
+        await kv.drain()  # (the tier sheds down to its low watermark)
+        before = (await kv.lookup(first)).tokens
+        assert before >= kv_blocks * BT // 2
+        other = [10**6 + t for t in range(48 * BT)]
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await kv.put(other, kv_for(48 * BT, seed=2))
+        await kv.drain()
+        assert kv.invariant_violations() == []
+        assert not any(k.hex() in kv._s.index.entries for k in kv._s.keys(other, None)[1])
+        assert (await kv.lookup(first)).tokens == before  # nothing was shed for the put
+
+
+async def test_a_put_keeps_no_reference_to_the_callers_kv_once_it_returns(tmp_path: Path) -> None:
+    """The DRAM tier's copy helper thread, idle after a split copy, holds no piece of the caller's
+    memory: the KV given to a put (and a get's ``out=``) is freed when the caller drops it."""
+    import gc
+    import weakref
+
+    n = 48 * BT
+    async with await TierKV.open(config(tmp_path, dram=4 * n // BT * BLOCK, pfs=None)) as kv:
+        full = kv_for(n, seed=3)
+        assert full.nbytes >= 16 << 20  # copied on two threads (the DRAM tier's split copies)
+        ref = weakref.ref(full)
+        await kv.put(list(range(n)), full)
+        out = np.zeros_like(full)
+        ref_out = weakref.ref(out)
+        assert (await kv.get(list(range(n)), out=out)).tokens == n
+        del full, out
+        for _ in range(50):
+            gc.collect()
+            if ref() is None and ref_out() is None:
+                break
+            await anyio.sleep(0.01)
+        assert ref() is None and ref_out() is None

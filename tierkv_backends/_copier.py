@@ -101,10 +101,24 @@ class _Job:
             self.closed = True
             return self.active
 
+    def drop(self) -> None:
+        """Let go of the pieces and the copy function (the caller's memory) once no thread will
+        touch them again: the job may still wait in the helper's queue behind a busy helper."""
+        self.pieces = ()
+        self.one = _nothing
+
+
+def _nothing(a: Any, v: Any) -> None:
+    return None
+
 
 def _serve(jobs: queue.SimpleQueue[_Job | None]) -> None:
-    while (job := jobs.get()) is not None:
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
         job.helper()
+        del job  # an idle helper keeps no job (and no caller memory) alive
 
 
 class Copier:
@@ -159,14 +173,23 @@ class Copier:
                 if left <= 0:
                     left = budget
                     await anyio.lowlevel.checkpoint()
-        except BaseException:
+        except GeneratorExit:
+            # the coroutine is closed without a running loop (a loop torn down with this task
+            # pending): no await is possible; the job keeps the memory the helper's piece writes
+            job.halt()
+            raise
+        except BaseException as exc:
             job.halt()
             with anyio.CancelScope(shield=True):
                 await _until_idle(job)
+            job.drop()
+            if job.error is not None and job.error is not exc:
+                exc.__context__ = exc.__context__ or job.error  # the helper's failure is not lost
             raise
         if job.release():
             with anyio.CancelScope(shield=True):  # the helper's last piece is still being written
                 await _until_idle(job)
+        job.drop()
         if job.error is not None:
             raise job.error
         await anyio.lowlevel.checkpoint_if_cancelled()

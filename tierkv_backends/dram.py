@@ -28,8 +28,8 @@ Options (all optional):
     ``thread`` copies the whole batch in one worker-thread hop (numpy releases
     the GIL), so the loop runs other tasks on another core meanwhile; ``split``
     (array copies: ``write_arrays``/``read_arrays``) shares the copies, in pieces
-    of at most ``inline_copy_bytes``, between the backend's copy helper thread and
-    the loop's own thread, each taking the next piece until none is left
+    of at most ``inline_copy_bytes``, between the loop's own thread (from the
+    front) and the backend's copy helper thread (from the back) until they meet
     (:mod:`tierkv_backends._copier`), which run at once on two cores; ``auto``
     splits array copies of at least 16 MiB on a machine with more than one CPU
     and slices the rest. A single core's copy does not reach the memory's

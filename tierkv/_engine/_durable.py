@@ -155,10 +155,11 @@ class Durable:
         is not a healthy array tier without codec or checksum, nor for a tenant with a quota; a
         failed write stores none).
 
-        Cancellation: the allocation (with the shedding it may do) and the indexing are shielded,
-        the copy is not: a cancel during it frees the batch's allocations (the backend's
-        all-or-nothing write) and is raised, no block of the batch stored; a cancel before the
-        copy starts stores none either."""
+        Cancellation: a cancel before the call stores nothing and sheds nothing. The allocation
+        and the indexing are shielded. The copy is shielded only when the tier had to shed blocks
+        for the batch (their room is not thrown away: the caller keeps such batches small); else
+        a cancel during it frees the batch's allocations (the backend's all-or-nothing write) and
+        is raised, no block of the batch stored."""
         ti = next((i for i, t in enumerate(self.s.tiers) if t.healthy), -1)
         if ti < 0:
             return []
@@ -167,10 +168,13 @@ class Durable:
             return []
         if self.s.quota_for(tid) is not None:
             return []  # a tenant under a quota makes room block by block, within its own blocks
+        await anyio.lowlevel.checkpoint_if_cancelled()  # (a cancelled put sheds nothing for its batch)
         entries = self.s.index.entries
         n = 0
         while n < len(items) and entries.get(items[n][0]) is None:
             n += 1
+        st = t.backend.stats()
+        sheds = sum(nbytes_of(data) for _, data, _, _, _ in items[:n]) > st.capacity_bytes - st.used_bytes
         with anyio.CancelScope(shield=True):
             try:
                 allocs = await self.s.mover.allocate_many_with_room(
@@ -183,7 +187,8 @@ class Durable:
         if n == 0:
             return []
         try:
-            await cast("SupportsArrayIO", t.backend).write_arrays(allocs, [d for _, d, _, _, _ in items[:n]])
+            with anyio.CancelScope(shield=sheds):
+                await cast("SupportsArrayIO", t.backend).write_arrays(allocs, [d for _, d, _, _, _ in items[:n]])
         except BlockNotFoundError:
             return []  # a reservation was dropped by a concurrent evict: the backend freed the rest
         except BackendError as exc:

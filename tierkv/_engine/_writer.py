@@ -43,12 +43,16 @@ __all__ = ["Writer"]
 #: start of the tier's second copy thread cost ~0.3 ms on the 2-vCPU development VM, ~10% of a
 #: 32 MiB batch's copy: a large put goes in few large batches
 _BATCH_BYTES = 256 << 20
+#: a batch that does not fit in the tier's free bytes makes room by shedding blocks, and its copy is
+#: then shielded (the shed blocks' room is not thrown away by a cancel): such batches stay this
+#: small, so that a cancel waits for at most one of their copies (~3 ms at memory speed)
+_SHED_BATCH_BYTES = 32 << 20
 #: a put of at least this many new bytes is batched in batches of up to _BATCH_BYTES: what a
 #: tier copies on two cores (the DRAM tier's ``large_copies = "auto"``)
 _BATCH_MIN = 16 << 20
 #: a smaller put is batched in batches of up to this many bytes (at least one block each): one
 #: allocation, one shedding and one copy per batch instead of per block, a cancel taking effect
-#: after at most one batch's copy (well under a millisecond)
+#: after at most one batch's copy when it had to shed (well under a millisecond)
 _SMALL_BATCH_BYTES = 2 << 20
 
 
@@ -217,6 +221,10 @@ class Writer:
                     total = sum(nbytes_of(d) for _, d, _ in prepared)
                     limit = _BATCH_BYTES if total >= _BATCH_MIN else _SMALL_BATCH_BYTES
                     while done < len(prepared):
+                        if limit > _SHED_BATCH_BYTES:
+                            st = top.backend.stats()
+                            if st.capacity_bytes - st.used_bytes < min(limit, total):
+                                limit = _SHED_BATCH_BYTES  # the rest sheds: shielded copies, kept short
                         end, size = done, 0
                         while end < len(prepared) and (end == done or size + nbytes_of(prepared[end][1]) <= limit):
                             size += nbytes_of(prepared[end][1])
@@ -225,9 +233,10 @@ class Writer:
                         for i, data, crc in prepared[done:end]:
                             parent, tag = tag_of(i, data, crc)
                             items.append((keys[i].hex(), data, tag, i, parent))
-                        # (allocation and indexing shielded inside; a cancel during the copy stores
-                        # none of the batch and ends the put here)
+                        # (allocation and indexing shielded inside; a cancel during the copy of a
+                        # batch that did not shed stores none of it and ends the put here)
                         flags = await self.s.durable.store_batch(items, tid, root, label)
+                        total -= size
                         for (key, _, _, _, _), new in zip(items, flags, strict=False):
                             stored += account(key, new)
                         done += len(flags)
