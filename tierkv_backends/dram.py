@@ -91,6 +91,7 @@ drops the reservation and raises the cancellation, so it never commits; a
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -754,15 +755,28 @@ class DramBackend(Backend):
         raised once the helper's piece is done (the caller's memory is written until then)."""
         total = sum(a.nbytes for a, _ in pairs)
         budget = max(1, min(self._inline, max(64 << 10, total // 8)))
-        pieces: list[tuple[Any, Any, int]] = []  # (caller side, arena side, bytes)
+        cuts: list[list[tuple[Any, Any, int]]] = []  # per pair: (caller side, arena side, bytes)
         for a, v in pairs:
             if isinstance(a, Taken) or not a.ndim or a.shape[0] < 2:
-                pieces.append((a, v, a.nbytes))
+                cuts.append([(a, v, a.nbytes)])
                 continue
             rows = a.shape[0]
             step = max(1, min(rows, budget // max(1, a.nbytes // rows)))
-            for r in range(0, rows, step):
-                pieces.append((a[r : r + step], v[r : r + step], (min(rows, r + step) - r) * (a.nbytes // rows)))
+            cuts.append(
+                [
+                    (a[r : r + step], v[r : r + step], (min(rows, r + step) - r) * (a.nbytes // rows))
+                    for r in range(0, rows, step)
+                ]
+            )
+        if out and len(cuts) > 1:
+            # reads: the caller's arrays are the destination, and the blocks of one sequence are
+            # neighbours along its token axis: the first rows of every block, then the next rows of
+            # every block, ... write the destination nearly in address order (a get into new memory
+            # faults its pages in order: 38-50 ms block after block against 26-35 ms for two threads
+            # copying halves, 16K SmolLM2 tokens); writes fill each arena block in order as they are
+            pieces = [p for group in itertools.zip_longest(*cuts) for p in group if p is not None]
+        else:
+            pieces = [p for c in cuts for p in c]
         await self._copier.run(pieces, one, max(1, self._inline))
 
     async def write_arrays(self, allocations: Sequence[Allocation], arrays: Sequence[Any]) -> None:
