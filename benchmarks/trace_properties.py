@@ -25,41 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tierkv.lab.replay import load_trace
-
-
-def stack_distances(reqs: list[list[int]]) -> list[list[int]]:
-    """Per request, the LRU stack distance of each of its reuses (a Fenwick tree over access times)."""
-    n = sum(len(r) for r in reqs)
-    tree = [0] * (n + 1)
-
-    def add(i: int, v: int) -> None:
-        i += 1
-        while i <= n:
-            tree[i] += v
-            i += i & -i
-
-    def prefix(i: int) -> int:
-        s, i = 0, i + 1
-        while i > 0:
-            s += tree[i]
-            i -= i & -i
-        return s
-
-    last: dict[int, int] = {}
-    out: list[list[int]] = []
-    t = 0
-    for r in reqs:
-        mine: list[int] = []
-        for b in r:
-            p = last.get(b)
-            if p is not None:
-                mine.append(prefix(t - 1) - prefix(p))
-                add(p, -1)
-            last[b] = t
-            add(t, 1)
-            t += 1
-        out.append(mine)
-    return out
+from tierkv.lab.synth import stack_distances
 
 
 def _pct(xs: list[int], q: float) -> float:

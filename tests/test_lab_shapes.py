@@ -39,34 +39,8 @@ def seen_leads(reqs: list[list[int]]) -> list[int]:
 
 
 def stack_distances(reqs: list[list[int]]) -> list[int]:
-    """LRU stack distance of every reuse: distinct blocks touched since the block's previous access."""
-    n = sum(len(r) for r in reqs)
-    tree = [0] * (n + 1)  # Fenwick tree over access times: 1 where a block's latest access is
-
-    def add(i: int, v: int) -> None:
-        i += 1
-        while i <= n:
-            tree[i] += v
-            i += i & -i
-
-    def prefix(i: int) -> int:
-        s, i = 0, i + 1
-        while i > 0:
-            s += tree[i]
-            i -= i & -i
-        return s
-
-    last: dict[int, int] = {}
-    out, t = [], 0
-    for r in reqs:
-        for b in r:
-            if b in last:
-                out.append(prefix(t - 1) - prefix(last[b]))
-                add(last[b], -1)
-            last[b] = t
-            add(t, 1)
-            t += 1
-    return out
+    """LRU stack distance of every reuse, in access order (:func:`tierkv.lab.synth.stack_distances`)."""
+    return [d for r in synth.stack_distances(reqs) for d in r]
 
 
 def test_stack_distance_helper() -> None:
@@ -228,17 +202,7 @@ def test_longdoc_phases_prompt_lengths_and_reuse_distances() -> None:
 
 def stack_distances_per_request(reqs: list[list[int]]) -> list[list[int]]:
     """:func:`stack_distances`, grouped by the request that makes each reuse."""
-    flat = stack_distances(reqs)
-    seen: set[int] = set()
-    out, k = [], 0
-    for r in reqs:
-        n = 0
-        for b in r:
-            n += b in seen
-            seen.add(b)
-        out.append(flat[k : k + n])
-        k += n
-    return out
+    return synth.stack_distances(reqs)
 
 
 def replay_json(tmp_path: Path, trace: Path, name: str, *extra: str) -> dict[str, Any]:

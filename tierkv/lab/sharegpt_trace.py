@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import math
 import os
 import random
@@ -62,6 +61,8 @@ from pathlib import Path
 from typing import TypedDict
 
 from tierkv.scheduler._response import completion_time
+
+from .synth import write_jsonl
 
 __all__ = [
     "SYSTEM_PROMPT",
@@ -243,10 +244,7 @@ def sharegpt_requests(
 
 def write_trace(path: str | Path, rows: Sequence[ChatRow]) -> int:
     """Write ``rows`` as JSON lines to ``path``; return the number of rows."""
-    with open(path, "w", encoding="utf-8") as fh:
-        for r in rows:
-            fh.write(json.dumps(r) + "\n")
-    return len(rows)
+    return write_jsonl(path, rows)
 
 
 def main(argv: list[str]) -> int:

@@ -77,10 +77,10 @@ import json
 import math
 import random
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["SHAPES", "synthetic_requests", "write_synthetic"]
+__all__ = ["SHAPES", "stack_distances", "synthetic_requests", "write_jsonl", "write_synthetic"]
 
 SHAPES: tuple[str, ...] = ("chat", "agent", "mixed", "noise", "rag", "agent_tools", "bursty", "mixture", "longdoc")
 _BT = 512
@@ -390,13 +390,54 @@ def synthetic_requests(shape: str, seed: int = 7, sessions: int = 3000) -> list[
     ]
 
 
-def write_synthetic(path: str | Path, shape: str, seed: int = 7, sessions: int = 3000) -> int:
-    """Write :func:`synthetic_requests` as JSON lines to ``path``; return the number of requests."""
-    rows = synthetic_requests(shape, seed, sessions)
+def write_jsonl(path: str | Path, rows: Sequence[Mapping[str, object]]) -> int:
+    """Write ``rows`` (trace records) as JSON lines to ``path``; return the number of rows."""
     with open(path, "w", encoding="utf-8") as fh:
         for r in rows:
             fh.write(json.dumps(r) + "\n")
     return len(rows)
+
+
+def write_synthetic(path: str | Path, shape: str, seed: int = 7, sessions: int = 3000) -> int:
+    """Write :func:`synthetic_requests` as JSON lines to ``path``; return the number of requests."""
+    return write_jsonl(path, synthetic_requests(shape, seed, sessions))
+
+
+def stack_distances(reqs: Sequence[Sequence[int]]) -> list[list[int]]:
+    """Per request (a sequence of block ids), the LRU stack distance of each of its reuses: the
+    distinct blocks accessed since the block's previous access (a Fenwick tree over access times,
+    1 where a block's latest access is; O(accesses log accesses))."""
+    n = sum(len(r) for r in reqs)
+    tree = [0] * (n + 1)
+
+    def add(i: int, v: int) -> None:
+        i += 1
+        while i <= n:
+            tree[i] += v
+            i += i & -i
+
+    def prefix(i: int) -> int:
+        s, i = 0, i + 1
+        while i > 0:
+            s += tree[i]
+            i -= i & -i
+        return s
+
+    last: dict[int, int] = {}
+    out: list[list[int]] = []
+    t = 0
+    for r in reqs:
+        mine: list[int] = []
+        for b in r:
+            p = last.get(b)
+            if p is not None:
+                mine.append(prefix(t - 1) - prefix(p))
+                add(p, -1)
+            last[b] = t
+            add(t, 1)
+            t += 1
+        out.append(mine)
+    return out
 
 
 def main(argv: list[str]) -> int:
