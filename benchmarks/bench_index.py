@@ -12,8 +12,11 @@ a root per sequence.
 * bytes/block: ``tracemalloc`` growth while indexing N blocks, divided by N (target
   <= 200 B/block at 1M);
 * victim us: the time to pick one victim (``pick_victims(tier, one block)``), median over
-  repetitions, under ``scheduler.policy = "lru"`` and ``"predictive"``; the ranking is
-  kept up to date on access, so it should not grow with N.
+  repetitions, under ``scheduler.policy = "lru"``, ``"predictive"`` and ``"adaptive"`` (the
+  default, which evicts as one of the two); the ranking is kept up to date on access, so it
+  should not grow with N;
+* re-key ms (ranked policies): what a switch of the adaptive ``tau`` costs the event loop once,
+  every block re-keyed (``Mover.refresh_ranking``).
 
     python benchmarks/bench_index.py [--sizes 10000,100000,1000000] [--reps 2000]
 """
@@ -24,6 +27,7 @@ import argparse
 import gc
 import hashlib
 import json
+import math
 import statistics
 import time
 import tracemalloc
@@ -91,7 +95,13 @@ async def measure(n: int, policy: str, reps: int) -> tuple[float, float]:
             victims = mover.pick_victims(0, need)
             times.append(time.perf_counter() - t0)
             assert len(victims) == 1
-        return used / n, statistics.median(times) * 1e6
+        rekey = math.nan
+        if policy != "lru":
+            kv._s.sched.tau_s /= 10  # what a switch of the adaptive tau does: every key changes
+            t0 = time.perf_counter()
+            mover.refresh_ranking()
+            rekey = time.perf_counter() - t0
+        return used / n, statistics.median(times) * 1e6, rekey * 1e3
     finally:
         await kv.aclose()
 
@@ -101,11 +111,11 @@ async def main() -> None:
     p.add_argument("--sizes", default="10000,100000,1000000")
     p.add_argument("--reps", type=int, default=2000)
     args = p.parse_args()
-    print(f"{'blocks':>9} {'policy':>10} {'bytes/block':>12} {'victim us':>10}")
+    print(f"{'blocks':>9} {'policy':>10} {'bytes/block':>12} {'victim us':>10} {'re-key ms':>10}")
     for n in (int(x) for x in args.sizes.split(",")):
-        for policy in ("lru", "predictive"):
-            per_block, victim_us = await measure(n, policy, args.reps)
-            print(f"{n:>9} {policy:>10} {per_block:>12.0f} {victim_us:>10.2f}", flush=True)
+        for policy in ("lru", "predictive", "adaptive"):
+            per_block, victim_us, rekey_ms = await measure(n, policy, args.reps)
+            print(f"{n:>9} {policy:>10} {per_block:>12.0f} {victim_us:>10.2f} {rekey_ms:>10.1f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -213,7 +213,7 @@ class RankQueue:
     # the key table: slot of key ``q`` (or of the free slot where it would go)
     def _slot(self, q: int) -> int:
         keys, heads, mask = self._keys, self._heads, self._mask
-        i = q & mask  # keys are integers in a window: consecutive ones take consecutive slots
+        i = _spread(q) & mask
         tomb = -1
         while True:
             h = heads[i]
@@ -228,7 +228,7 @@ class RankQueue:
 
     def _find(self, q: int) -> int:
         keys, heads, mask = self._keys, self._heads, self._mask
-        i = q & mask  # keys are integers in a window: consecutive ones take consecutive slots
+        i = _spread(q) & mask
         while True:
             h = heads[i]
             if h == _FREE:
@@ -358,6 +358,15 @@ class RankQueue:
         for row, q in (*skipped, *out):  # restored: a victim leaves when it is really moved or dropped
             self.set(row, q)
         return [row for row, _ in out]
+
+
+def _spread(q: int) -> int:
+    """A key's first probe slot (before the mask): Fibonacci hashing, the high bits of ``q``
+    times 2^64 / phi. Keys are integers in a sliding window: taken as they are (``q & mask``),
+    consecutive keys filled consecutive slots, and a key landing inside such a run probed to its
+    end -- after a re-key of every block (a switch of the adaptive ``tau``), new keys landing in
+    the runs of old ones made that quadratic (10k blocks 0.63 s, 100k blocks 36 s)."""
+    return ((q * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF) >> 32
 
 
 def _heappush(heap: array[int], v: int) -> None:
