@@ -284,3 +284,33 @@ def test_tied_signals_through_the_sync_facade(tmp_path: Path, backend: str) -> N
         assert sched.requests[chain_keys(kv.aio, a)[-1]].answered
         assert not sched.requests[chain_keys(kv.aio, b)[-1]].answered
         assert list(sched.transitions_for) == [chain_keys(kv.aio, toks(3, 2))[-1]]
+
+
+async def test_an_attention_report_re_keys_only_the_reported_chain() -> None:
+    """After a report, the next refresh re-keys the blocks whose importance changed (and raises
+    their ancestors), not every indexed block; a switch of ``tau`` still re-keys them all."""
+    async with await TierKV.open(predictive()) as kv:
+        for fam in range(1, 11):
+            t = toks(fam, 4)
+            await kv.put(t, kv_for(len(t), fam))
+        a = toks(1, 4)
+        mover = kv._s.mover
+        mover.refresh_ranking()
+        calls = [0]
+        rank_of = mover.rank_of
+
+        def counting(e: Any) -> int:
+            calls[0] += 1
+            return rank_of(e)
+
+        mover.rank_of = counting  # type: ignore[method-assign]
+        s, pos = scores_on(3, 4)
+        kv.report_attention(0, s, pos, query_pos=len(a), tokens=a)
+        mover.refresh_ranking()
+        assert 0 < calls[0] <= 4  # the reported chain only, of 40 indexed blocks
+        r = [kv._index[k].rank for k in chain_keys(kv, a)]
+        assert r == sorted(r, reverse=True) and parent_violations(kv) == []
+        calls[0] = 0
+        kv._sched.tau_s /= 2  # what a switch of the adaptive tau does
+        mover.refresh_ranking()
+        assert calls[0] == len(kv._index) == 40

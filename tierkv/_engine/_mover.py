@@ -177,18 +177,26 @@ class Mover:
             e.rank = self.rank_of(e)
 
     def refresh_ranking(self) -> None:
-        """Re-key every resident block when what the keys depend on changed: the adaptive
-        ``tau`` switched (keys computed with different ``tau`` are not comparable) or the
-        engine reported attention (``BlockImportance.version``). O(resident log resident),
-        once per change, at the next access or eviction. Keys are recomputed, then raised
-        deepest first to their descendants' (a parent never ranks below a child)."""
+        """Re-key blocks when what their keys depend on changed, at the next access or eviction.
+        The adaptive ``tau`` switched (keys computed with different ``tau`` are not comparable):
+        every indexed block, O(indexed log indexed) (~10 us per block on the 2-vCPU development
+        VM), keys recomputed, then raised deepest first to their descendants' (a parent never ranks
+        below a child). Only attention was reported (``BlockImportance.version``): only the blocks
+        whose importance score changed (the reported chains), raised to their new key, never
+        lowered (a block's children outside the reported chain may rank as high as its old key; a
+        lower score takes effect at the block's next access), their ancestors raised with them."""
         sched = self.s.sched
         imp = sched.block_importance
         version = -1 if imp is None else imp.version
         if sched.tau_s == self._tau and version == self._importance:
             return
+        same_tau = sched.tau_s == self._tau
         self._tau, self._importance = sched.tau_s, version
+        changed = imp.take_changed() if imp is not None else None
         if sched.policy == "lru":
+            return
+        if same_tau and changed is not None:
+            self._raise_ranks(changed)
             return
         index = self.s.index.entries
         entries = list(index.values())
@@ -200,6 +208,28 @@ class Mover:
             if p is not None and p.rank < e.rank:
                 p.rank = e.rank
         for e in entries:  # deepest first: among equal keys a child leaves before its parent
+            t = self.s.tiers[e.tier]
+            if t.queue.holds(e.row) and t.lru.has(e.row):
+                t.queue.requeue(e.row, e.rank)
+
+    def _raise_ranks(self, keys: Iterable[str]) -> None:
+        """Re-key the indexed blocks of ``keys`` upward only (see :meth:`refresh_ranking`), each
+        ancestor raised to at least its descendant's key; requeued deepest first."""
+        index = self.s.index.entries
+        todo = sorted((e for k in keys if (e := index.get(k)) is not None), key=lambda x: -x.pos)
+        moved: dict[str, Entry] = {}
+        for e in todo:
+            new = self.rank_of(e)
+            if new <= e.rank:
+                continue
+            e.rank = new
+            moved[e.key] = e
+            p = index.get(bytes(e.parent).hex())
+            while p is not None and p.rank < new:  # (an ancestor below its raised descendant)
+                p.rank = new
+                moved[p.key] = p
+                p = index.get(bytes(p.parent).hex())
+        for e in sorted(moved.values(), key=lambda x: -x.pos):  # among equal keys a child leaves first
             t = self.s.tiers[e.tier]
             if t.queue.holds(e.row) and t.lru.has(e.row):
                 t.queue.requeue(e.row, e.rank)

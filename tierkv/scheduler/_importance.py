@@ -156,7 +156,7 @@ class BlockImportance:
     Pure bookkeeping; not thread-safe.
     """
 
-    __slots__ = ("_depth", "_eff", "_kids", "_own", "_parent", "heads", "max_keys", "version")
+    __slots__ = ("_all", "_depth", "_dirty", "_eff", "_kids", "_own", "_parent", "heads", "max_keys", "version")
 
     def __init__(self, heads: HeadImportance, *, max_keys: int = 65_536) -> None:
         if max_keys < 1:
@@ -164,6 +164,8 @@ class BlockImportance:
         self.heads = heads
         self.max_keys = max_keys
         self.version = 0
+        self._dirty: set[str] = set()  # keys whose score changed since the last take_changed()
+        self._all = False  # every score may have changed (new multipliers)
         self._own: OrderedDict[str, np.ndarray] = OrderedDict()
         self._eff: dict[str, float] = {}
         self._parent: dict[str, str | None] = {}
@@ -204,16 +206,31 @@ class BlockImportance:
             a[layer] = (1.0 - w) * a[layer] + w * m[:, i]
             self._link(k, chain[i - 1] if i else None, i)
         for k in reversed(chain):  # leaf first: a parent's score takes its children's
-            self._eff[k] = self._score_of(k)
+            new = self._score_of(k)
+            if self._eff.get(k) != new:
+                self._eff[k] = new
+                self._dirty.add(k)
         while len(self._own) > self.max_keys:
             self._forget(next(iter(self._own)))
         self.version += 1
+
+    def take_changed(self) -> set[str] | None:
+        """The keys whose :meth:`score` changed since the last call (and forget them), or None when
+        any score may have changed (:meth:`set_multipliers`): what a ranking keyed by these scores
+        must re-key."""
+        if self._all:
+            self._all = False
+            self._dirty = set()
+            return None
+        out, self._dirty = self._dirty, set()
+        return out
 
     def set_multipliers(self, multipliers: np.ndarray | None) -> None:
         """:meth:`HeadImportance.set_multipliers`, then every score is recomputed."""
         self.heads.set_multipliers(multipliers)
         for k in sorted(self._own, key=lambda x: -self._depth[x]):
             self._eff[k] = self._score_of(k)
+        self._all = True
         self.version += 1
 
     def _score_of(self, k: str) -> float:
@@ -235,7 +252,8 @@ class BlockImportance:
 
     def _forget(self, k: str) -> None:
         del self._own[k]
-        self._eff.pop(k, None)
+        if self._eff.pop(k, 0.0):
+            self._dirty.add(k)
         self._depth.pop(k, None)
         p = self._parent.pop(k, None)
         if p is not None:
