@@ -1,6 +1,6 @@
 """Copies shared between the event-loop thread and one helper thread (the DRAM tier's ``split``).
 
-Owns: :class:`Copier` -- one helper thread per backend that uses it (started on first use, stopped
+Owns: :data:`CPUS` (the CPUs this process may run on) and :class:`Copier` -- one helper thread per backend that uses it (started on first use, stopped
 by :meth:`Copier.aclose` or when the copier is garbage-collected; it holds no reference to the
 backend) -- and :meth:`Copier.run`, which copies a list of *pieces* (numpy copies that release the
 GIL) on both threads at once: the loop's own thread claims pieces from the front, the helper from the
@@ -25,6 +25,7 @@ Errors raised by a piece on the helper thread are re-raised on the loop's thread
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import weakref
@@ -35,10 +36,14 @@ import anyio
 import anyio.lowlevel
 import anyio.to_thread
 
-__all__ = ["Copier"]
+__all__ = ["CPUS", "Copier"]
 
 #: (caller side, arena side, bytes) of one copy
 Piece = tuple[Any, Any, int]
+
+#: the CPUs this process may run on, read once (``os.cpu_count()`` costs microseconds per call): how many
+#: memory copies can run at once (the DRAM tier's ``split``, the pfs tier's reads of cached blocks)
+CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 class _Job:

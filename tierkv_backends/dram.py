@@ -140,7 +140,7 @@ from tierkv.errors import (
 )
 
 from ._arena import Arena, Extent
-from ._copier import Copier
+from ._copier import CPUS, Copier
 
 __all__ = ["DramBackend"]
 
@@ -167,8 +167,6 @@ _DROPPED = attrgetter("dropped")
 _INLINE_DEFAULT = 2 << 20
 _LARGE_DEFAULT = "auto"
 _SPLIT_MIN = 16 << 20  # ``auto``: calls moving at least this much are split across two threads
-#: CPUs this process may run on, read once (``os.cpu_count()`` costs ~80 us per call on the 2-vCPU VM)
-_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _cuda_present() -> bool:
@@ -721,7 +719,7 @@ class DramBackend(Backend):
         elif self._large == "thread":
             await anyio.to_thread.run_sync(run, limiter=self._limiter)
             await anyio.lowlevel.checkpoint_if_cancelled()
-        elif self._large == "split" or (self._large == "auto" and total >= _SPLIT_MIN and _CPUS > 1):
+        elif self._large == "split" or (self._large == "auto" and total >= _SPLIT_MIN and CPUS > 1):
             await self._copy_split(pairs, one, out=out)
         else:
             budget = max(1, self._inline)

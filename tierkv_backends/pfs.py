@@ -193,6 +193,8 @@ from tierkv.errors import (
     TierKVError,
 )
 
+from ._copier import CPUS
+
 __all__ = ["PfsBackend"]
 
 _KNOWN = frozenset(
@@ -209,8 +211,6 @@ _HDR = struct.Struct("<8sQ16s32s")
 _MAGIC = b"tierkv4\0"
 #: a batch read first reads what the page cache holds in one worker-thread hop per this many bytes
 _HOT_GROUP_BYTES = 2 << 20
-#: cached reads are memory copies: more threads than cores only add hops
-_CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 #: a block larger than this is read in pieces of this size, each fed to a streaming xxh3 right
 #: after it is read, while still in the CPU cache (measured on the earlier segment layout:
 #: 2 MiB blocks read from the page cache went from 0.78-0.85x to 0.91-0.98x of plain reads)
@@ -1596,7 +1596,8 @@ class PfsBackend(Backend):
             # a plain one-thread loop with two threads and 0.61x with one)
             hot = 1
             if alone and total > n * _SMALL_BLOCK_BYTES:
-                hot = max(1, min(self._max_conc, _CPUS, n, -(-total // _HOT_GROUP_BYTES)))
+                # cached reads are memory copies: more threads than cores only add hops
+                hot = max(1, min(self._max_conc, CPUS, n, -(-total // _HOT_GROUP_BYTES)))
             cold_groups = max(1, min(self._max_conc, n))
             self._reading += 1
             try:
