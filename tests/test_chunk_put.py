@@ -281,3 +281,28 @@ async def test_a_put_keeps_no_reference_to_the_callers_kv_once_it_returns(tmp_pa
                 break
             await anyio.sleep(0.01)
         assert ref() is None and ref_out() is None
+
+
+async def test_a_large_get_cancelled_anywhere_writes_nothing_after_it_returns(tmp_path: Path) -> None:
+    """A get(out=) of more than 16 MiB from the DRAM tier (copied on the loop's thread and the tier's
+    copy helper at once), cancelled at random points with the scheduler service running: once it
+    returns, nothing more is written into ``out``, no pin is left, the index and the tiers agree,
+    and a get afterwards returns every byte."""
+    n = 48 * BT
+    full = kv_for(n, seed=11)
+    assert full.nbytes >= 16 << 20
+    toks = list(range(n))
+    rng = np.random.default_rng(5)
+    async with await TierKV.open(config(tmp_path, dram=64 * full[:, :, :BT].nbytes, pfs=None)) as kv:
+        await kv.put(toks, full)
+        for delay in [0.0, *rng.uniform(0, 0.01, size=7)]:
+            out = np.zeros_like(full)
+            with anyio.move_on_after(float(delay)):
+                await kv.get(toks, out=out)
+            snap = out.copy()
+            await anyio.sleep(0.02)  # a copy still running would change ``out`` meanwhile
+            assert np.array_equal(out, snap)
+            assert kv.invariant_violations() == []
+        out = np.zeros_like(full)
+        assert (await kv.get(toks, out=out)).tokens == n
+        assert out.tobytes() == full.tobytes()
