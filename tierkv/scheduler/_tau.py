@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..errors import ConfigError
 from ._admission import FrequencySketch
@@ -58,28 +58,33 @@ class TauAdapter:
         "_arc_slow",
         "_backoff",
         "_buf_b",
+        "_buf_h",
         "_buf_r",
         "_buf_t",
         "_buf_v",
         "_bypass",
         "_caches",
         "_cap",
+        "_cost",
         "_decay",
         "_every",
         "_hits",
         "_lead_cap",
         "_live_buf",
         "_live_hits",
+        "_loss",
         "_margin",
         "_mode_decay",
         "_next",
         "_rec",
         "_rec_fast",
         "_rec_hits",
+        "_rec_total",
         "_requests",
         "_sample",
         "_since_compact",
         "_thr",
+        "_trial_loss",
         "_wait",
         "admit_mode",
         "arc_mode",
@@ -94,6 +99,7 @@ class TauAdapter:
     _TRIAL = 32  # decisions on the predictor after which a trial has succeeded
     _BACKOFF0 = 8  # decisions on recency before the first trial (doubled by each failed trial)
     _BACKOFF_MAX = 1024
+    _REGRET = 0.01  # the exploration budget: a fraction of recency's sampled leading hits (see _choose_mode)
 
     def __init__(
         self,
@@ -142,6 +148,7 @@ class TauAdapter:
         self._buf_b: list[int] = []
         self._buf_v: list[float] = []
         self._buf_t: list[float] = []
+        self._buf_h: list[bool] = []  # (staged) whether the real cache held the block
         self._buf_r: list[int] = []  # (staged) the end of each request's accesses in the buffers
         self._bypass = bool(bypass)
         # the recency shadow (``recency=True``): an LRU of the same sampled accesses
@@ -170,6 +177,14 @@ class TauAdapter:
         self._arc_slow = 0.0
         self.arc_mode = False
         self._rec_fast = 0.0  # the LRU shadow's sampled hits decayed by ``mode_decay`` (vs _live_hits)
+        # (with ``recency``) the exploration budget (see _choose_mode): recency's best shadow's sampled
+        # hits since the start (undecayed), the real cache's net sampled loss against it over every
+        # decision on the predictor (negative: a gain), that loss in the current stay on the
+        # predictor, and the cost of the last failed trial
+        self._rec_total = 0.0
+        self._loss = 0.0
+        self._trial_loss = 0.0
+        self._cost = 0.0
         self._since_compact = 0
         self._requests = 0
         self._next = every
@@ -205,6 +220,7 @@ class TauAdapter:
         self._arc_hits = self._arc_slow = 0.0
         self.arc_mode = False
         self._live_hits = 0.0
+        self._rec_total = self._loss = self._trial_loss = self._cost = 0.0
         self._buf_b.clear()
         self._buf_v.clear()
         self._buf_t.clear()
@@ -228,8 +244,7 @@ class TauAdapter:
         self._buf_b.append(block)
         self._buf_v.append(value + _OFFSET)
         self._buf_t.append(t)
-        if hit:
-            self._live_buf += 1
+        self._buf_h.append(hit)
 
     def request(self, now: float) -> float | None:
         """One request was served (its sampled blocks added). Every ``every`` requests: serve the
@@ -262,6 +277,8 @@ class TauAdapter:
         compact = self._since_compact > 4 * cap + 256
         if compact:
             self._since_compact = 0
+        if self.recency:
+            self._live_buf = self._lead_run(self._buf_h.__getitem__)
         for i, (sc, buckets, bheap, inv) in enumerate(self._caches):
             if self.recency:
                 hits[i] += self._serve_staged(sc, buckets, bheap, inv)
@@ -293,31 +310,50 @@ class TauAdapter:
                 buckets.update(nb)
                 bheap[:] = nh
         if self.recency:
-            rec, h = self._rec, 0
-            for b in sb:
-                if b in rec:
+            rec, h, lo = self._rec, 0, 0
+            for hi in self._buf_r:
+                for x in range(hi - 1, lo - 1, -1):  # the leading run, root first (see _lead_run)
+                    if sb[x] not in rec:
+                        break
                     h += 1
-                    rec.move_to_end(b)
-                else:
-                    rec[b] = None
-                    if len(rec) > cap:
-                        rec.popitem(last=False)
+                for x in range(lo, hi):
+                    b = sb[x]
+                    if b in rec:
+                        rec.move_to_end(b)
+                    else:
+                        rec[b] = None
+                        if len(rec) > cap:
+                            rec.popitem(last=False)
+                lo = hi
             self._rec_hits += h
             self._rec_fast += h
             self._live_hits += self._live_buf
-            h = self._serve_admission()
+            h_lru = h
+            h = h_adm = self._serve_admission()
             self._adm_hits += h
             self._adm_slow += h
             h, lo, arc = 0, 0, self._arc
             for hi in self._buf_r:  # (buffered leaf first: served root first)
-                h += arc.request(sb[lo:hi][::-1])
+                for x in range(hi - 1, lo - 1, -1):
+                    if sb[x] not in arc:
+                        break
+                    h += 1
+                arc.request(sb[lo:hi][::-1])
                 lo = hi
             self._arc_hits += h
             self._arc_slow += h
+            m = 1.0 + self._margin
+            best = max(float(h_lru), h_adm / m, h / m)  # recency's best shadow in this decision
+            self._rec_total += best
+            if not self.recency_mode:
+                self._loss += best - self._live_buf
+                self._trial_loss += best - self._live_buf
+                self._loss = max(self._loss, -self._REGRET * self._rec_total)  # a bounded credit
         self._live_buf = 0
         sb.clear()
         sv.clear()
         st.clear()
+        self._buf_h.clear()
         self._buf_r.clear()
 
     def _choose_mode(self, now: float, cur: int) -> float | None:
@@ -342,9 +378,19 @@ class TauAdapter:
         * on recency, the predictor gets the cache back when its (pessimistic) shadow leads by the
           margin anyway, or for a *trial* once ``_wait`` decisions have passed: both counts restart
           equal, and a trial that fails doubles the wait (up to ``_BACKOFF_MAX``), one that lasts
-          ``_TRIAL`` decisions resets it. The cost of the trials on a workload where recency is right
-          is bounded: their decisions are a fraction ``_GRACE / wait`` of the run, which halves after
-          every failed trial.
+          ``_TRIAL`` decisions resets it;
+        * and a trial must fit the *exploration budget*: the real cache's net loss against recency's
+          best shadow over every decision it spent on the predictor so far (``_loss``, in sampled
+          leading hits; a gain counts against it, capped at the budget), plus what the last failed
+          trial cost (``_cost``, the expected cost of the next), must stay within ``_REGRET`` (1%)
+          of recency's best shadow's hits since the start. So the predictor's trials cost at most
+          about 1% of recency's hits over a run (plus one trial), however often they fail, on a
+          workload where prediction carries no signal; where it wins, its gains pay for later
+          trials. (Backing off alone bounded their *number*, not their cost: on the lab's mixture
+          shape failed trials ran 17-55% of some tenths at up to 6 points below ARC.)
+
+        Every count here is of *leading* hits (:meth:`_lead_run`): a prefix cache serves a request
+        only up to its first miss.
         """
         hits = self._hits
         cur_hits = hits[cur] if cur >= 0 else max(hits)
@@ -352,14 +398,16 @@ class TauAdapter:
         live = self._live_hits
         if self.recency_mode:
             self._wait -= 1
-            if cur_hits <= rec * (1.0 + self._margin) and self._wait > 0:
+            trial = cur_hits <= rec * (1.0 + self._margin)
+            if trial and (self._wait > 0 or self._loss + self._cost > self._REGRET * self._rec_total):
                 return None
             self._live_hits = self._recency_best()  # from now on the real cache answers for the predictor
-            if cur_hits <= rec * (1.0 + self._margin):  # a trial: the evidence restarts level
+            if trial:  # the evidence restarts level
                 for i in range(len(hits)):
                     hits[i] = rec
             self.recency_mode = False
             self._age = 0
+            self._trial_loss = 0.0
             self.trace.append((now, self.tau))
             return self.tau
         self._age += 1
@@ -370,6 +418,7 @@ class TauAdapter:
         self.recency_mode = True  # no margin: recency is the safe side
         if self._age < self._TRIAL:
             self._backoff = min(self._BACKOFF_MAX, 2 * self._backoff)
+            self._cost = max(0.0, self._trial_loss)  # what the next trial is expected to cost
         self._wait = self._backoff
         self.trace.append((now, math.inf))
         return math.inf
@@ -380,6 +429,10 @@ class TauAdapter:
         cap, h, lo = self._cap, 0, 0
         for hi in self._buf_r:
             present = [sb[x] in sc for x in range(lo, hi)]
+            for x in range(hi - 1, lo - 1, -1):  # the leading run of held blocks, root first
+                if not present[x - lo]:
+                    break
+                h += 1
             for x in range(hi - 1, lo - 1, -1):  # new blocks placed root first, provisionally on top
                 if present[x - lo]:
                     continue
@@ -394,8 +447,6 @@ class TauAdapter:
                 push(buckets, bheap, b, q)
             for x in range(lo, hi):  # then the request is ranked, leaf first
                 b = sb[x]
-                if present[x - lo]:
-                    h += 1
                 old = sc.get(b)
                 if old is None:
                     continue  # placed and pushed out again by its own request
@@ -416,10 +467,13 @@ class TauAdapter:
         sb, rec, freq, cap = self._buf_b, self._adm, self._adm_freq, self._cap
         h = lo = 0
         for hi in self._buf_r:
+            for x in range(hi - 1, lo - 1, -1):  # the leading run, root first (see _lead_run)
+                if sb[x] not in rec:
+                    break
+                h += 1
             for x in range(lo, hi):  # the lookup touches what is held: it is not the victim
                 b = sb[x]
                 if b in rec:
-                    h += 1
                     rec.move_to_end(b)
                 freq.add(b)
             victim = freq.get(next(iter(rec))) if len(rec) >= cap else -1
@@ -436,6 +490,20 @@ class TauAdapter:
                 b = sb[x]
                 if b in rec:
                     rec.move_to_end(b)
+            lo = hi
+        return h
+
+    def _lead_run(self, held: Callable[[int], bool]) -> int:
+        """The buffered requests' leading runs: per request, its sampled blocks root first until the
+        first one ``held`` (by buffer position) is not. A prefix cache serves a request only up to its
+        first miss, so this, not the held blocks, is what a cache is worth; every shadow counts it
+        alike, on its state when the request comes (the real cache's: :meth:`add`'s ``hit``)."""
+        h = lo = 0
+        for hi in self._buf_r:
+            for x in range(hi - 1, lo - 1, -1):
+                if not held(x):
+                    break
+                h += 1
             lo = hi
         return h
 
