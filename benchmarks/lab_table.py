@@ -1,0 +1,105 @@
+"""The lab table of issue 22: the shipped library's prefix hit rate on every synthetic shape at several
+seeds and on the whole Mooncake conversation trace, beside the classical policies and Belady.
+
+Per trace and capacity (1 / 5 / 10% of its distinct blocks, split 0.4): LRU, ARC, S3-FIFO, W-TinyLFU and
+Belady (the lab's independent implementations), and ``--policy`` (default ``tierkv-adaptive``: a real
+``TierKV`` with the default policy, driven request by request), its margin over the best classical policy
+in points, and the fraction of the LRU -> Belady gap it closes (where Belady is > 2 points above LRU). The
+summary line counts the rows below the best classical policy, the worst margin and the mean gap closed.
+
+Synthetic traces are generated into ``--dir`` when missing (``python -m tierkv.lab.synth``; sessions per
+shape as in ``benchmarks/results/2026-12-03-session8.txt``: bursty 1500, rag 2000, agent_tools 100, chat
+1500, mixture 1500). Rows run in ``--jobs`` processes. Run:
+``python benchmarks/lab_table.py [--seeds 7,11,13] [--shapes ...] [--no-mooncake] [--jobs 2]``
+(about 6 minutes on the 2-vCPU development VM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from multiprocessing import Pool
+from pathlib import Path
+
+from tierkv.lab.policies import next_use_index
+from tierkv.lab.replay import load_trace, make_policy, replay
+
+SESSIONS = {"bursty": 1500, "rag": 2000, "agent_tools": 100, "chat": 1500, "mixture": 1500}
+CLASSICAL = ("lru", "arc", "s3fifo", "tinylfu")
+CAPS = (0.01, 0.05, 0.10)
+MOONCAKE = Path(__file__).resolve().parent.parent / "tests" / "data" / "traces" / "mooncake_conversation_trace.jsonl"
+
+
+def _row(job: tuple[str, str, float, str]) -> tuple[str, float, dict[str, float]]:
+    label, path, cap, policy = job
+    tr = load_trace(path)
+    c = max(1, round(cap * tr.distinct))
+    split = tr.times[0] + 0.4 * (tr.times[-1] - tr.times[0])
+    nu = next_use_index(tr.blocks)
+    out: dict[str, float] = {}
+    for name in (*CLASSICAL, "belady", policy):
+        pol = make_policy(name, c, tr, nu)
+        try:
+            raw = replay(tr, pol, split_time=split)
+        finally:
+            close = getattr(pol, "close", None)
+            if close is not None:
+                close()
+        out[name] = sum(raw["leads"]) / max(1, raw["accesses"])
+    return label, cap, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", default="7,11,13")
+    ap.add_argument("--shapes", default=",".join(SESSIONS))
+    ap.add_argument("--policy", default="tierkv-adaptive")
+    ap.add_argument("--dir", default="/tmp/tierkv-lab-traces")
+    ap.add_argument("--no-mooncake", action="store_true")
+    ap.add_argument("--jobs", type=int, default=2)
+    args = ap.parse_args()
+    d = Path(args.dir)
+    d.mkdir(parents=True, exist_ok=True)
+    traces: list[tuple[str, str]] = [] if args.no_mooncake else [("mooncake (whole)", str(MOONCAKE))]
+    for seed in args.seeds.split(","):
+        for shape in args.shapes.split(","):
+            p = d / f"{shape}-{seed}.jsonl"
+            if not p.exists():
+                cmd = [sys.executable, "-m", "tierkv.lab.synth", str(p), "--shape", shape, "--seed", seed]
+                subprocess.run(
+                    [*cmd, "--sessions", str(SESSIONS[shape])],
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                )
+            traces.append((f"{shape} (seed {seed})", str(p)))
+    jobs = [(label, path, cap, args.policy) for label, path in traces for cap in CAPS]
+    with Pool(args.jobs) as pool:
+        rows = pool.map(_row, jobs, chunksize=1)
+    print(
+        f"{'trace':<22}{'cap':>4} {'lru':>7} {'best classical':>16} {'belady':>7} {args.policy:>16} {'vs best':>8} {'gap':>5}"
+    )
+    below, worst, gaps = 0, 0.0, []
+    for label, cap, r in rows:
+        best = max(CLASSICAL, key=r.__getitem__)
+        v = r[args.policy]
+        margin = 100 * (v - r[best])
+        span = r["belady"] - r["lru"]
+        gap = (v - r["lru"]) / span if span > 0.02 else None
+        if gap is not None:
+            gaps.append(gap)
+        below += margin < -0.05
+        worst = min(worst, margin)
+        print(
+            f"{label:<22}{cap * 100:>3.0f}% {r['lru']:>7.4f} {best:>8} {r[best]:.4f} {r['belady']:>7.4f} {v:>16.4f}"
+            f" {margin:>+8.1f} {'-' if gap is None else f'{100 * gap:.0f}%':>5}"
+        )
+    mean = 100 * sum(gaps) / len(gaps) if gaps else float("nan")
+    print(
+        f"{len(rows)} rows: {below} below the best classical policy, worst {worst:+.1f} points;"
+        f" mean LRU->Belady gap closed {mean:.1f}% over the {len(gaps)} rows where Belady is > 2 points above LRU"
+    )
+
+
+if __name__ == "__main__":
+    main()
