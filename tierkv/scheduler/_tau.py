@@ -221,9 +221,12 @@ class TauAdapter:
         self.arc_mode = False
         self._live_hits = 0.0
         self._rec_total = self._loss = self._trial_loss = self._cost = 0.0
+        self._live_buf = 0
         self._buf_b.clear()
         self._buf_v.clear()
         self._buf_t.clear()
+        self._buf_h.clear()
+        self._buf_r.clear()
 
     def sampled(self, block: int) -> bool:
         """Whether accesses of ``block`` (an integer id) feed the shadow caches."""
@@ -239,8 +242,9 @@ class TauAdapter:
         evicts its own blocks while others remain, so a request's stored part stays one prefix),
         then every block of the request still held is re-keyed with ``value``, leaf first.
         ``hit``: the real cache held the block when the request came (the adaptive policy
-        compares the real cache's sampled hits with the LRU shadow's while it follows the
-        predictor)."""
+        compares the real cache's sampled leading hits with recency's shadows' while it follows
+        the predictor, and charges the difference to its exploration budget; a request's blocks
+        must come leaf first for its leading run to be read root first)."""
         self._buf_b.append(block)
         self._buf_v.append(value + _OFFSET)
         self._buf_t.append(t)
@@ -380,13 +384,17 @@ class TauAdapter:
           equal, and a trial that fails doubles the wait (up to ``_BACKOFF_MAX``), one that lasts
           ``_TRIAL`` decisions resets it;
         * and a trial must fit the *exploration budget*: the real cache's net loss against recency's
-          best shadow over every decision it spent on the predictor so far (``_loss``, in sampled
-          leading hits; a gain counts against it, capped at the budget), plus what the last failed
-          trial cost (``_cost``, the expected cost of the next), must stay within ``_REGRET`` (1%)
-          of recency's best shadow's hits since the start. So the predictor's trials cost at most
-          about 1% of recency's hits over a run (plus one trial), however often they fail, on a
-          workload where prediction carries no signal; where it wins, its gains pay for later
-          trials. (Backing off alone bounded their *number*, not their cost: on the lab's mixture
+          best shadow (per decision, the best of the three shadows' sampled leading hits in that
+          decision) over every decision it spent on the predictor so far (``_loss``; a gain counts
+          against it, the credit capped at the budget), plus what the last stay on the predictor
+          that ended within ``_TRIAL`` decisions cost (``_cost``: a failed trial, or the first stay
+          or a shadow-led one; the estimate of the next trial's cost), must stay within
+          ``_REGRET`` (1%) of the sum of those per-decision bests since the start. The stays the
+          shadow's lead starts are not held to it (that is evidence, not exploration), but their
+          loss is charged. So, on a workload where prediction carries no signal, the trials add
+          about 1% of recency's hits over a run plus about one stay's cost, however often they
+          fail (an estimate, not a guarantee: the next trial may cost more than the last); where
+          prediction wins, its gains pay for later trials. (Backing off alone bounded their *number*, not their cost: on the lab's mixture
           shape failed trials ran 17-55% of some tenths at up to 6 points below ARC.)
 
         Every count here is of *leading* hits (:meth:`_lead_run`): a prefix cache serves a request
