@@ -90,6 +90,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ._options import opt_bool, opt_choice, opt_float, opt_int, reject_unknown
 from .errors import ConfigError, InputError
 from .scheduler import (
@@ -368,6 +370,23 @@ class SchedulerState:
         if i >= 0 and t_last <= self._resp_end[i]:
             return self._resp_adj[i] + self._resp_dt[i] / self.tau_s
         return 0.0
+
+    def response_deltas(self, t_last: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """:meth:`_response_delta` of every access time in ``t_last`` (float64; 0.0 outside every
+        answered request's window), the same float operations."""
+        out = np.zeros(len(t_last), dtype=np.float64)
+        if not self._resp_start:
+            return out
+        i = np.searchsorted(np.asarray(self._resp_start, dtype=np.float64), t_last, side="right") - 1
+        ok = i >= 0
+        j = i[ok]
+        ok[ok] = t_last[ok] <= np.asarray(self._resp_end, dtype=np.float64)[j]
+        j = i[ok]
+        out[ok] = (
+            np.asarray(self._resp_adj, dtype=np.float64)[j]
+            + np.asarray(self._resp_dt, dtype=np.float64)[j] / self.tau_s
+        )
+        return out
 
     # ------------------------------------------------------------ adaptive tau
     def set_capacity_blocks(self, blocks: int) -> None:

@@ -12,9 +12,11 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Hashable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["QUANTA", "bucketize", "lowest", "push", "quantize"]
+import numpy as np
+
+__all__ = ["QUANTA", "bucketize", "lowest", "push", "quantize", "quantize_many"]
 
 K = TypeVar("K", bound=Hashable)
 
@@ -30,6 +32,11 @@ PROVISIONAL_RANK = 1 << 40
 def quantize(key: float) -> int:
     """The quantised form of a ranking key (``ln p + t / tau``, higher stays)."""
     return int((key + 64.0) * QUANTA)
+
+
+def quantize_many(keys: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """:func:`quantize` of every float64 key (truncated toward zero, as ``int``), as int64."""
+    return np.trunc((keys + 64.0) * QUANTA).astype(np.int64)
 
 
 def push(buckets: dict[int, deque[int]], bheap: list[int], block: int, q: int) -> None:

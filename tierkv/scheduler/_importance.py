@@ -182,6 +182,10 @@ class BlockImportance:
         """The ranking score of block ``key`` (0 for a block never reported)."""
         return self._eff.get(key, 0.0)
 
+    def scores(self) -> dict[str, float]:
+        """Every reported block's ranking score by key (a read-only view: do not modify)."""
+        return self._eff
+
     def own(self, key: str) -> np.ndarray | None:
         """The block's EMA per (layer, head) (a copy), or None."""
         a = self._own.get(key)
