@@ -15,6 +15,12 @@ becomes ``tau`` if it beats the current one by ``margin`` (hysteresis: sampling 
 ranking back and forth). Spatial sampling of this kind is how miniature simulations estimate miss-ratio
 curves; the choice only uses what happened before it (causal).
 
+With ``recency=True`` (the library's ``adaptive`` policy) the adapter also keeps LRU, LRU-with-admission
+and ARC shadows of the same sampled accesses and chooses between recency and the predictor
+(:meth:`TauAdapter._choose_mode`, with an exploration budget for the predictor's trials); there every
+count, the candidates' included, is of *leading* hits (a request's sampled blocks root first up to the
+first one not held: what a prefix cache can serve), not of every held block.
+
 The caller owns the real cache: the replay lab re-keys its resident blocks when ``tau`` changes (its keys
 are static), the library ranks on demand and just reads :attr:`TauAdapter.tau`.
 
@@ -264,12 +270,13 @@ class TauAdapter:
 
     @property
     def hits(self) -> tuple[float, ...]:
-        """Each candidate's decayed count of sampled hits (served accesses only)."""
+        """Each candidate's decayed count of sampled hits (served accesses only; leading hits with
+        ``recency``)."""
         return tuple(self._hits)
 
     @property
     def recency_hits(self) -> float:
-        """The recency shadow's decayed count of sampled hits (0 without ``recency``)."""
+        """The LRU shadow's decayed count of sampled leading hits (0 without ``recency``)."""
         return self._rec_hits
 
     # --------------------------------------------------------------- internals
