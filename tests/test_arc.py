@@ -6,8 +6,6 @@ under LRU."""
 from __future__ import annotations
 
 import random
-import tracemalloc
-from collections import OrderedDict
 from pathlib import Path
 
 import pytest
@@ -17,7 +15,6 @@ from tierkv.lab.policies.library import LibraryPolicy, tokens_of
 from tierkv.lab.replay import load_trace, make_policy, replay
 from tierkv.lab.synth import write_synthetic
 from tierkv.scheduler._arc import ArcShadow, ArcTarget
-from tierkv.scheduler._ghosts import GhostList
 
 
 def test_target_adapts_toward_the_list_a_returning_block_left() -> None:
@@ -173,47 +170,3 @@ def test_a_put_on_arc_does_not_pass_over_its_own_blocks_once_per_block(monkeypat
         assert kv.invariant_violations() == []
     finally:
         pol.close()
-
-
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_ghost_list_is_an_ordered_set_of_ids(seed: int) -> None:
-    """GhostList against an OrderedDict doing the same: remember (new or moved to the newest end), forget
-    from anywhere, pop the oldest, membership and length, through compactions and rehashes."""
-    rnd = random.Random(seed)
-    g, ref = GhostList(), OrderedDict[int, None]()
-    universe = [rnd.getrandbits(64) for _ in range(300)] + [0, 2**64 - 1]
-    for step in range(20_000):
-        op = rnd.random()
-        b = rnd.choice(universe)
-        if op < 0.5:
-            g.remember(b)
-            ref[b] = None
-            ref.move_to_end(b)
-        elif op < 0.7:
-            assert g.forget(b) == (ref.pop(b, 1) is None)
-        elif op < 0.9:
-            if ref:
-                assert g.pop_oldest() == ref.popitem(last=False)[0]
-            else:
-                with pytest.raises(IndexError):
-                    g.pop_oldest()
-        assert len(g) == len(ref)
-        if step % 97 == 0:
-            assert all(x in g for x in ref) and sum(x in g for x in universe) == len(ref)
-    order = []
-    while g:
-        order.append(g.pop_oldest())
-    assert order == list(ref)
-
-
-def test_ghost_list_memory_per_id() -> None:
-    """About 40 bytes per remembered id (an OrderedDict of 64-bit ids takes about 127)."""
-    g = GhostList()
-    tracemalloc.start()
-    base = tracemalloc.get_traced_memory()[0]
-    for b in range(1, 200_001):
-        g.remember(b * 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF)
-    used = tracemalloc.get_traced_memory()[0] - base
-    tracemalloc.stop()
-    assert len(g) == 200_000
-    assert used / 200_000 < 60, used / 200_000

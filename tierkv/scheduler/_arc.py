@@ -10,7 +10,7 @@ blocks, else from the frequent one. ARC holds against scans and loops (one-shot 
 list) and follows recency where that is right, without a parameter to tune.
 
 :class:`ArcTarget` is the part the real cache and the shadow have in common (each its own instance): ``p``
-and the ghost lists (ids only, in :class:`~._ghosts.GhostList` arrays, ``|T1| + |B1| <= c`` and ``|B1| + |B2| <= c``, ARC's bounds). The library keeps the two lists of resident
+and the ghost lists (ids only, ``|T1| + |B1| <= c`` and ``|B1| + |B2| <= c``, ARC's bounds). The library keeps the two lists of resident
 blocks itself (per tier, ``Tier.arc``: intrusive lists through the index's columns) and asks
 :meth:`ArcTarget.evict_recent` which to take a victim from. :class:`ArcShadow` is a whole ARC of sampled
 block ids, served request by request as the library's put serves one
@@ -26,7 +26,6 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from ._admission import positive_int
-from ._ghosts import GhostList
 
 __all__ = ["ArcShadow", "ArcTarget"]
 
@@ -39,8 +38,8 @@ class ArcTarget:
     def __init__(self, capacity_blocks: int) -> None:
         self._c = positive_int("capacity_blocks", capacity_blocks)
         self.p = 0.0
-        self._b1 = GhostList()
-        self._b2 = GhostList()
+        self._b1: OrderedDict[int, None] = OrderedDict()
+        self._b2: OrderedDict[int, None] = OrderedDict()
 
     @property
     def capacity(self) -> int:
@@ -62,11 +61,11 @@ class ArcTarget:
         b1, b2 = self._b1, self._b2
         if block in b1:
             self.p = min(float(self._c), self.p + max(len(b2) / len(b1), 1.0))
-            b1.forget(block)
+            del b1[block]
             return True
         if block in b2:
             self.p = max(0.0, self.p - max(len(b1) / len(b2), 1.0))
-            b2.forget(block)
+            del b2[block]
             return True
         return False
 
@@ -79,15 +78,17 @@ class ArcTarget:
         ``recent``: the recent list's size after it left. Its id is remembered in the matching ghost
         list, within ARC's bounds counted with the block to come in the recent list (so a victim of a
         recent list that held the whole cache is not remembered: ARC's case IV(a))."""
-        (self._b2 if frequent else self._b1).remember(block)
+        g = self._b2 if frequent else self._b1
+        g[block] = None
+        g.move_to_end(block)
         self._trim(recent + 1)
 
     def _trim(self, recent: int) -> None:
         b1, b2, c = self._b1, self._b2, self._c
         while b1 and len(b1) > max(0, c - recent):
-            b1.pop_oldest()
+            b1.popitem(last=False)
         while b2 and len(b1) + len(b2) > c:
-            b2.pop_oldest()
+            b2.popitem(last=False)
 
 
 class ArcShadow:
