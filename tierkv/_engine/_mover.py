@@ -246,13 +246,14 @@ class Mover:
         prow = np.frombuffer(c.prow, dtype=np.int32)[rows].astype(np.int64)
         has_parent = prow >= 0
         has_parent[has_parent] = bid[prow[has_parent]] >= 0
-        if has_parent.any():  # level by level needs every parent above its child
+        any_parent = bool(has_parent.any())
+        if any_parent:  # level by level needs every parent above its child
             ppos = np.frombuffer(c.pos, dtype=np.uint32)[prow[has_parent]].astype(np.int64)
             if (ppos >= pos[has_parent]).any():
                 return False
         ranks[rows] = rank
         order = np.argsort(-pos, kind="stable")  # deepest first, ties in adoption order
-        if has_parent.any():
+        if any_parent:
             o = order[has_parent[order]]
             lv = pos[o]
             cuts = np.flatnonzero(lv[1:] != lv[:-1]) + 1
@@ -265,7 +266,7 @@ class Mover:
         for ti, t in enumerate(s.tiers):
             sel = seq[(tier_col == ti) & queued & (lt == ti)]
             if len(sel) == t.queue.n:
-                t.queue.rebuild(sel, ranks[sel].copy())
+                t.queue.rebuild(sel, ranks[sel])  # (a copy: fancy indexing)
             else:  # (rows queued outside the recency list keep their place, as per entry)
                 for r in sel.tolist():
                     t.queue.requeue(r, int(ranks[r]))

@@ -239,7 +239,11 @@ class RankQueue:
 
     def _grow(self) -> None:
         live = [(k, h) for k, h in zip(self._keys, self._heads, strict=True) if h not in (_FREE, _GONE)]
-        cap = self._mask + 1
+        self._new_table(live, self._mask + 1)
+
+    def _new_table(self, live: list[tuple[int, int]], cap: int) -> None:
+        """A fresh key table holding the (key, FIFO head) pairs ``live``: ``cap`` slots, doubled
+        until they are at most 30% full."""
         while len(live) + 1 > 0.3 * cap:
             cap *= 2
         self._keys = array("q", [0]) * cap
@@ -347,18 +351,7 @@ class RankQueue:
             distinct, heads = k[starts].tolist(), r[starts].tolist()
         else:
             distinct, heads = [], []
-        cap = 64
-        while len(distinct) + 1 > 0.3 * cap:
-            cap *= 2
-        self._keys = array("q", [0]) * cap
-        self._heads = array("i", [_FREE]) * cap
-        self._mask = cap - 1
-        self._used = 0
-        for q, h in zip(distinct, heads, strict=True):
-            i = self._slot(q)
-            self._keys[i] = q
-            self._heads[i] = h
-            self._used += 1
+        self._new_table(list(zip(distinct, heads, strict=True)), 64)
         self.heap = array("q", distinct)  # ascending: a valid min-heap
         self.n = n
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Container, Sequence
 
 from ..errors import ConfigError
 from ._admission import FrequencySketch
@@ -44,6 +44,22 @@ __all__ = ["TauAdapter"]
 _QUANTA = 64.0  # keys are quantised to 1/64 of a natural-log unit, as the replay policy's
 _HASH_MUL = 2654435761  # Knuth's multiplicative hash (block ids are already hashes; this mixes the low bits)
 _OFFSET = 64.0  # added to values so that quantised keys stay positive for any realistic value
+
+
+_TRUE = frozenset((True,))  # (a request's hit flags "hold" exactly the True ones)
+
+
+def _leading(ids: Sequence[object], lo: int, hi: int, held: Container[object]) -> int:
+    """One buffered request's leading run: its entries ``ids[lo:hi]`` (buffered leaf first) read root
+    first, up to the first one not in ``held``. A prefix cache serves a request only up to its first
+    miss, so this, not the held blocks, is what a cache is worth; every shadow counts it alike, on its
+    state when the request comes (the real cache by :meth:`TauAdapter.add`'s ``hit`` flags)."""
+    n = 0
+    for x in range(hi - 1, lo - 1, -1):
+        if ids[x] not in held:
+            break
+        n += 1
+    return n
 
 
 class TauAdapter:
@@ -289,7 +305,11 @@ class TauAdapter:
         if compact:
             self._since_compact = 0
         if self.recency:
-            self._live_buf = self._lead_run(self._buf_h.__getitem__)
+            bh, lo, live = self._buf_h, 0, 0
+            for hi in self._buf_r:  # the real cache's: its hit flags, held when True
+                live += _leading(bh, lo, hi, _TRUE)
+                lo = hi
+            self._live_buf = live
         for i, (sc, buckets, bheap, inv) in enumerate(self._caches):
             if self.recency:
                 hits[i] += self._serve_staged(sc, buckets, bheap, inv)
@@ -323,10 +343,7 @@ class TauAdapter:
         if self.recency:
             rec, h, lo = self._rec, 0, 0
             for hi in self._buf_r:
-                for x in range(hi - 1, lo - 1, -1):  # the leading run, root first (see _lead_run)
-                    if sb[x] not in rec:
-                        break
-                    h += 1
+                h += _leading(sb, lo, hi, rec)
                 for x in range(lo, hi):
                     b = sb[x]
                     if b in rec:
@@ -345,10 +362,7 @@ class TauAdapter:
             self._adm_slow += h
             h, lo, arc = 0, 0, self._arc
             for hi in self._buf_r:  # (buffered leaf first: served root first)
-                for x in range(hi - 1, lo - 1, -1):
-                    if sb[x] not in arc:
-                        break
-                    h += 1
+                h += _leading(sb, lo, hi, arc)
                 arc.request(sb[lo:hi][::-1])
                 lo = hi
             self._arc_hits += h
@@ -401,10 +415,11 @@ class TauAdapter:
           loss is charged. So, on a workload where prediction carries no signal, the trials add
           about 1% of recency's hits over a run plus about one stay's cost, however often they
           fail (an estimate, not a guarantee: the next trial may cost more than the last); where
-          prediction wins, its gains pay for later trials. (Backing off alone bounded their *number*, not their cost: on the lab's mixture
-          shape failed trials ran 17-55% of some tenths at up to 6 points below ARC.)
+          prediction wins, its gains pay for later trials. (Backing off alone bounded their
+          *number*, not their cost: on the lab's mixture shape failed trials ran 17-55% of some
+          tenths at up to 6 points below ARC.)
 
-        Every count here is of *leading* hits (:meth:`_lead_run`): a prefix cache serves a request
+        Every count here is of *leading* hits (:func:`_leading`): a prefix cache serves a request
         only up to its first miss.
         """
         hits = self._hits
@@ -443,11 +458,8 @@ class TauAdapter:
         sb, sv, st = self._buf_b, self._buf_v, self._buf_t
         cap, h, lo = self._cap, 0, 0
         for hi in self._buf_r:
+            h += _leading(sb, lo, hi, sc)
             present = [sb[x] in sc for x in range(lo, hi)]
-            for x in range(hi - 1, lo - 1, -1):  # the leading run of held blocks, root first
-                if not present[x - lo]:
-                    break
-                h += 1
             for x in range(hi - 1, lo - 1, -1):  # new blocks placed root first, provisionally on top
                 if present[x - lo]:
                     continue
@@ -482,10 +494,7 @@ class TauAdapter:
         sb, rec, freq, cap = self._buf_b, self._adm, self._adm_freq, self._cap
         h = lo = 0
         for hi in self._buf_r:
-            for x in range(hi - 1, lo - 1, -1):  # the leading run, root first (see _lead_run)
-                if sb[x] not in rec:
-                    break
-                h += 1
+            h += _leading(sb, lo, hi, rec)
             for x in range(lo, hi):  # the lookup touches what is held: it is not the victim
                 b = sb[x]
                 if b in rec:
@@ -505,20 +514,6 @@ class TauAdapter:
                 b = sb[x]
                 if b in rec:
                     rec.move_to_end(b)
-            lo = hi
-        return h
-
-    def _lead_run(self, held: Callable[[int], bool]) -> int:
-        """The buffered requests' leading runs: per request, its sampled blocks root first until the
-        first one ``held`` (by buffer position) is not. A prefix cache serves a request only up to its
-        first miss, so this, not the held blocks, is what a cache is worth; every shadow counts it
-        alike, on its state when the request comes (the real cache's: :meth:`add`'s ``hit``)."""
-        h = lo = 0
-        for hi in self._buf_r:
-            for x in range(hi - 1, lo - 1, -1):
-                if not held(x):
-                    break
-                h += 1
             lo = hi
         return h
 
