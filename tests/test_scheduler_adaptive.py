@@ -3,6 +3,7 @@ scores more hits on sampled shadow caches of both (tierkv.scheduler._tau.TauAdap
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -275,3 +276,31 @@ def test_adapter_resize_drops_staged_accesses() -> None:
     for t in (1.0, 2.0, 3.0, 4.0):  # reaches a decision: serves only what came after the resize
         ad.request(t)
     assert ad._live_hits == 0 and ad.recency_hits == 0
+
+
+def test_adapter_charges_the_recovery_after_a_stay_on_the_predictor() -> None:
+    """A stay on the predictor costs more than its own decisions: back on recency, the real cache
+    still holds what the predictor kept. The next ``_RECOVER`` decisions are charged to the budget
+    and to the failed trial's cost (the estimate of the next one's); the decisions after them are not."""
+    ad = TauAdapter((300.0,), 300.0, 24, every=8, recency=True, bypass=False)
+    reqs = _flipped(8000, 0.0)
+    i = 0
+    while not (ad.recency_mode and ad.trace and ad.trace[-1][1] == math.inf):  # the first stay ends
+        _drive(ad, reqs[i : i + 1])
+        i += 1
+    assert ad._recover == ad._RECOVER and ad._recover_cost
+    losses, costs = [ad._loss], [ad._cost]
+    while ad.recency_mode and len(losses) <= ad._RECOVER + 8:  # a real cache that recovers nothing
+        for t, blocks in reqs[i : i + 8]:
+            for b, v in reversed(blocks):
+                if ad.sampled(b):
+                    ad.add(b, v, t, hit=False)
+            ad.request(t)
+        i += 8
+        losses.append(ad._loss)
+        costs.append(ad._cost)
+    assert len(losses) == ad._RECOVER + 9, "a trial came back within the recovery"
+    steps = [b - a for a, b in itertools.pairwise(losses)]
+    assert all(s >= 0 for s in steps[: ad._RECOVER]) and sum(steps[: ad._RECOVER]) > 0, steps
+    assert steps[ad._RECOVER :] == [0.0] * 8, steps  # recovered: no longer the predictor's
+    assert costs[ad._RECOVER] == pytest.approx(costs[0] + sum(steps[: ad._RECOVER]))

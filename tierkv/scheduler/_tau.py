@@ -102,6 +102,8 @@ class TauAdapter:
         "_rec_fast",
         "_rec_hits",
         "_rec_total",
+        "_recover",
+        "_recover_cost",
         "_requests",
         "_sample",
         "_since_compact",
@@ -122,6 +124,7 @@ class TauAdapter:
     _BACKOFF0 = 8  # decisions on recency before the first trial (doubled by each failed trial)
     _BACKOFF_MAX = 1024
     _REGRET = 0.01  # the exploration budget: a fraction of recency's sampled leading hits (see _choose_mode)
+    _RECOVER = 32  # decisions on recency after a stay on the predictor that are still charged to it
 
     def __init__(
         self,
@@ -202,11 +205,14 @@ class TauAdapter:
         # (with ``recency``) the exploration budget (see _choose_mode): recency's best shadow's sampled
         # hits since the start (undecayed), the real cache's net sampled loss against it over every
         # decision on the predictor (negative: a gain), that loss in the current stay on the
-        # predictor, and the cost of the last failed trial
+        # predictor or in the recovery after it, that loss in the current stay (and its recovery), the
+        # cost of the last failed trial, the recovery's decisions left, and whether they add to that cost
         self._rec_total = 0.0
         self._loss = 0.0
         self._trial_loss = 0.0
         self._cost = 0.0
+        self._recover = 0
+        self._recover_cost = False
         self._since_compact = 0
         self._requests = 0
         self._next = every
@@ -243,6 +249,8 @@ class TauAdapter:
         self.arc_mode = False
         self._live_hits = 0.0
         self._rec_total = self._loss = self._trial_loss = self._cost = 0.0
+        self._recover = 0
+        self._recover_cost = False
         self._live_buf = 0
         self._buf_b.clear()
         self._buf_v.clear()
@@ -370,10 +378,14 @@ class TauAdapter:
             m = 1.0 + self._margin
             best = max(float(h_lru), h_adm / m, h / m)  # recency's best shadow in this decision
             self._rec_total += best
-            if not self.recency_mode:
+            if not self.recency_mode or self._recover > 0:
                 self._loss += best - self._live_buf
                 self._trial_loss += best - self._live_buf
                 self._loss = max(self._loss, -self._REGRET * self._rec_total)  # a bounded credit
+                if self.recency_mode:  # recovering from a stay on the predictor
+                    self._recover -= 1
+                    if self._recover_cost:
+                        self._cost = max(0.0, self._trial_loss)
         self._live_buf = 0
         sb.clear()
         sv.clear()
@@ -406,10 +418,13 @@ class TauAdapter:
           ``_TRIAL`` decisions resets it;
         * and a trial must fit the *exploration budget*: the real cache's net loss against recency's
           best shadow (per decision, the best of the three shadows' sampled leading hits in that
-          decision) over every decision it spent on the predictor so far (``_loss``; a gain counts
-          against it, the credit capped at the budget), plus what the last stay on the predictor
-          that ended within ``_TRIAL`` decisions cost (``_cost``: a failed trial, or the first stay
-          or a shadow-led one; the estimate of the next trial's cost), must stay within
+          decision) over every decision it spent on the predictor so far, and over the ``_RECOVER``
+          decisions on recency after each such stay (the real cache still holds what the predictor
+          kept: on a trace of shared system prompts with one-shot suffixes that recovery cost
+          about three times the stays' own decisions) (``_loss``; a gain counts against it, the
+          credit capped at the budget), plus what the last stay on the predictor that ended
+          within ``_TRIAL`` decisions cost with its recovery (``_cost``: a failed trial, or the
+          first stay or a shadow-led one; the estimate of the next trial's cost), must stay within
           ``_REGRET`` (1%) of the sum of those per-decision bests since the start. The stays the
           shadow's lead starts are not held to it (that is evidence, not exploration), but their
           loss is charged. So, on a workload where prediction carries no signal, the trials add
@@ -438,6 +453,7 @@ class TauAdapter:
             self.recency_mode = False
             self._age = 0
             self._trial_loss = 0.0
+            self._recover = 0
             self.trace.append((now, self.tau))
             return self.tau
         self._age += 1
@@ -446,7 +462,9 @@ class TauAdapter:
         if self._age <= self._GRACE or self._recency_best() <= live:
             return None
         self.recency_mode = True  # no margin: recency is the safe side
-        if self._age < self._TRIAL:
+        self._recover = self._RECOVER
+        self._recover_cost = self._age < self._TRIAL
+        if self._recover_cost:
             self._backoff = min(self._BACKOFF_MAX, 2 * self._backoff)
             self._cost = max(0.0, self._trial_loss)  # what the next trial is expected to cost
         self._wait = self._backoff
