@@ -10,7 +10,7 @@ margin and the mean gap closed.
 
 Synthetic traces are generated into ``--dir`` when missing (``python -m tierkv.lab.synth``; sessions per
 shape as in ``benchmarks/results/2026-12-03-session8.txt``: bursty 1500, rag 2000, agent_tools 100, chat
-1500, mixture 1500). Rows run in ``--jobs`` processes. Run:
+1500, mixture 1500; and sysprompt 12000 requests, added in ``2026-12-04-session12.txt``). Rows run in ``--jobs`` processes. Run:
 ``python benchmarks/lab_table.py [--seeds 7,11,13] [--shapes ...] [--no-mooncake] [--jobs 2]``
 (about 6 minutes on the 2-vCPU development VM).
 """
@@ -26,7 +26,7 @@ from pathlib import Path
 from tierkv.lab.policies import next_use_index
 from tierkv.lab.replay import load_trace, make_policy, replay
 
-SESSIONS = {"bursty": 1500, "rag": 2000, "agent_tools": 100, "chat": 1500, "mixture": 1500}
+SESSIONS = {"bursty": 1500, "rag": 2000, "agent_tools": 100, "chat": 1500, "mixture": 1500, "sysprompt": 12000}
 CLASSICAL = ("lru", "arc", "s3fifo", "tinylfu")
 CAPS = (0.01, 0.05, 0.10)
 MOONCAKE = Path(__file__).resolve().parent.parent / "tests" / "data" / "traces" / "mooncake_conversation_trace.jsonl"

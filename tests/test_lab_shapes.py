@@ -1,4 +1,4 @@
-"""The synthetic generator's workload shapes (rag, agent_tools, bursty, mixture, longdoc) and the replay's
+"""The synthetic generator's workload shapes (rag, agent_tools, bursty, mixture, longdoc, sysprompt) and the replay's
 per-shape view."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tierkv.lab import synth
 from tierkv.lab.replay import load_trace, main
 from tierkv.lab.synth import SHAPES, synthetic_requests, write_synthetic
 
-NEW = ("rag", "agent_tools", "bursty", "mixture", "longdoc")
+NEW = ("rag", "agent_tools", "bursty", "mixture", "longdoc", "sysprompt")
 SUB = {"mixture": {"chat", "agent", "noise", "rag", "agent_tools", "bursty"}, "mixed": {"chat", "agent"}}
 
 
@@ -198,6 +198,30 @@ def test_longdoc_phases_prompt_lengths_and_reuse_distances() -> None:
     first = {r[0]: t for r, t in zip(reversed(reqs), reversed(times), strict=True)}
     assert max(n for doc, n in asked.items() if first[doc] < t40) <= 2  # one-offs (10% asked twice) first
     assert 6 <= max(asked.values()) <= 8 and statistics.median(n for doc, n in asked.items() if first[doc] >= t40) >= 3
+
+
+def test_sysprompt_reuses_only_shared_prompts_with_skewed_popularity() -> None:
+    rows = synthetic_requests("sysprompt", seed=3, sessions=6000)
+    reqs = ids_of(rows)
+    times = [cast(int, r["timestamp"]) for r in rows]
+    assert len(reqs) == 6000 and 8.5 <= len(reqs) / ((times[-1] - times[0]) / 1000) <= 11.5  # ten per second
+    uses = Counter(b for r in reqs for b in r)
+    prompt_of = Counter(r[0] for r in reqs)  # a request's prompt: its first block
+    leads = seen_leads(reqs)
+    for r, lead in zip(reqs, leads, strict=True):
+        n = len(r)
+        while n and uses[r[n - 1]] == 1:
+            n -= 1
+        shared = r[:n]  # what another request also uses: the prompt, when it is asked again
+        assert all(uses[b] > 1 for b in shared) and 3 <= len(r) <= 15
+        if shared:  # a one-shot message of 1-3 blocks after a 2-12 block prompt
+            assert 1 <= len(r) - n <= 3 and 2 <= n <= 12, r
+        assert lead in (0, n)  # a reuse is the whole shared prompt, never the message
+    # Zipf(0.9) over 2,000 prompts: the 20 most asked carry about a third of the requests, and most
+    # prompts seen are asked once or twice (measured: 0.35; 900 of 1,349)
+    top = sum(n for _, n in prompt_of.most_common(20)) / len(reqs)
+    assert 0.25 <= top <= 0.45, top
+    assert sum(1 for n in prompt_of.values() if n <= 2) >= 500
 
 
 def stack_distances_per_request(reqs: list[list[int]]) -> list[list[int]]:

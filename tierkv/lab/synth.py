@@ -61,6 +61,13 @@ Shapes (sessions arrive as a Poisson process, one per second on average):
   a phase of one-off documents -- a policy tuned on the first phase sees no reuse, recency alone keeps a
   document only in a cache larger than its reuse distance, and frequency needs a second access before it
   can help. Not part of ``mixture`` (its traces stay as they were).
+* ``sysprompt`` -- API traffic on shared system prompts, 512-token blocks: ``sessions`` one-shot requests,
+  arrivals a Poisson process of ten per second. A request is one of 2,000 system prompts (2-12 blocks
+  each, picked by a Zipf(0.9) law) and a distinct user message (100-1,500 tokens: 1-3 blocks, the last
+  partial); nothing else is ever reused. Why: the commonest production pattern (many applications, each
+  with its own instructions, queried one-shot): only shared prefixes are reused, at frequencies spanning
+  three orders of magnitude, while each request brings blocks that are never used again -- recency keeps
+  the one-shot suffixes and rare prompts, frequency (admission) and size matter. Not part of ``mixture``.
 * ``mixture`` -- all of ``chat``, ``agent``, ``noise``, ``rag``, ``agent_tools`` and ``bursty`` interleaved
   in one time window: each gets ``sessions // 6`` sessions (``noise`` a quarter of that, its requests
   being sessions of their own) drawn from its own generator seeded by ``(seed, shape)``, and the trace
@@ -82,7 +89,18 @@ from pathlib import Path
 
 __all__ = ["SHAPES", "stack_distances", "synthetic_requests", "write_jsonl", "write_synthetic"]
 
-SHAPES: tuple[str, ...] = ("chat", "agent", "mixed", "noise", "rag", "agent_tools", "bursty", "mixture", "longdoc")
+SHAPES: tuple[str, ...] = (
+    "chat",
+    "agent",
+    "mixed",
+    "noise",
+    "rag",
+    "agent_tools",
+    "bursty",
+    "mixture",
+    "longdoc",
+    "sysprompt",
+)
 _BT = 512
 #: the shapes ``mixture`` interleaves, in generation order
 _MIXTURE: tuple[str, ...] = ("chat", "agent", "noise", "rag", "agent_tools", "bursty")
@@ -343,6 +361,26 @@ def _longdoc(rnd: random.Random, ctx: _Ctx, sessions: int) -> list[_Event]:
     return events
 
 
+def _sysprompt(rnd: random.Random, ctx: _Ctx, sessions: int) -> list[_Event]:
+    """``sysprompt``: ``sessions`` one-shot requests on Zipf-popular shared system prompts (see the module
+    docstring)."""
+    n_prompts = 2000
+    prompts = [[ctx.fresh() for _ in range(rnd.randint(2, 12))] for _ in range(n_prompts)]
+    cum, acc = [], 0.0
+    for k in range(n_prompts):
+        acc += 1.0 / (k + 1) ** 0.9
+        cum.append(acc)
+    events: list[_Event] = []
+    t = 0.0
+    for _ in range(sessions):
+        t += rnd.expovariate(10.0)
+        prompt = prompts[rnd.choices(range(n_prompts), cum_weights=cum)[0]]
+        user = rnd.randint(100, 1500)
+        segs = [*prompt, *(ctx.fresh() for _ in range(-(-user // _BT)))]
+        events.append((t, _BT * len(prompt) + user, rnd.randint(20, 400), ctx.chain(segs), "sysprompt"))
+    return events
+
+
 def _events(shape: str, rnd: random.Random, ctx: _Ctx, sessions: int) -> list[_Event]:
     if shape == "noise":
         return _noise(rnd, ctx, sessions)
@@ -356,6 +394,8 @@ def _events(shape: str, rnd: random.Random, ctx: _Ctx, sessions: int) -> list[_E
         return _bursty(rnd, ctx, sessions)
     if shape == "longdoc":
         return _longdoc(rnd, ctx, sessions)
+    if shape == "sysprompt":
+        return _sysprompt(rnd, ctx, sessions)
     raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
 
 
