@@ -4,6 +4,8 @@ wins, and a real TierKV whose puts into a full cache admit only blocks more freq
 
 from __future__ import annotations
 
+import copy
+import pickle
 import random
 
 import numpy as np
@@ -27,6 +29,21 @@ def test_sketch_counts_and_halves_every_window() -> None:
     assert sk.get(1) == 2
     sk.resize(100_000)  # past the table's width: a wider table, the counts start again
     assert sk.get(1) == 0 and sk.nbytes == 4 * 2**21
+
+
+def test_a_copied_sketch_ages_its_own_counts() -> None:
+    """A deep copy (or pickle) of a sketch is independent: its aging halves its own table, not the
+    original's, and the original's leaves the copy alone (a view of the table kept across calls did
+    not survive a copy: the copy never aged)."""
+    sk = FrequencySketch(4, window=2)
+    for _ in range(5):
+        sk.add(1)
+    for cp in (copy.deepcopy(sk), pickle.loads(pickle.dumps(sk))):
+        cp.add(2)
+        cp.add(2)
+        cp.add(3)  # the copy's 8th increment: its counts halve
+        assert (cp.get(1), cp.get(2), cp.get(3)) == (2, 1, 0)
+        assert (sk.get(1), sk.get(2), sk.get(3)) == (5, 0, 0)
 
 
 def test_sketch_memory_is_fixed_by_capacity_and_counts_are_never_underestimated() -> None:

@@ -50,7 +50,7 @@ class FrequencySketch:
     ``depth`` (rows) size the table. Raises ConfigError for bad parameters; the methods never raise
     for ints (any int is a valid id: its low 64 bits are hashed)."""
 
-    __slots__ = ("_depth", "_limit", "_shift", "_since", "_table", "_view", "_width", "_window")
+    __slots__ = ("_depth", "_limit", "_shift", "_since", "_table", "_width", "_window")
 
     def __init__(self, capacity_blocks: int, *, window: int = 10, width: int = 16, depth: int = 4) -> None:
         self._window = positive_int("window", window)
@@ -62,7 +62,6 @@ class FrequencySketch:
         self._limit = 1
         self._shift = 64
         self._table = bytearray()
-        self._view: np.ndarray[Any, Any] = np.zeros(0, dtype=np.uint8)
         self.resize(capacity_blocks)
 
     def resize(self, capacity_blocks: int) -> None:
@@ -75,7 +74,6 @@ class FrequencySketch:
             return  # wide enough already
         self._shift = 64 - bits
         self._table = bytearray(self._depth << bits)
-        self._view = np.frombuffer(self._table, dtype=np.uint8)
         self._since = 0
 
     @property
@@ -112,4 +110,5 @@ class FrequencySketch:
     def _age(self) -> None:
         """Halve every count: old accesses weigh half (a count of 1 is dropped)."""
         self._since = 0
-        self._view >>= 1
+        view: np.ndarray[Any, Any] = np.frombuffer(self._table, dtype=np.uint8)  # (made here: a copy or a
+        view >>= 1  # pickle of the sketch must not keep a view of the original's table)
