@@ -12,7 +12,7 @@ Synthetic traces are generated into ``--dir`` when missing (``python -m tierkv.l
 shape as in ``benchmarks/results/2026-12-03-session8.txt``: bursty 1500, rag 2000, agent_tools 100, chat
 1500, mixture 1500; and sysprompt 12000 requests, added in ``2026-12-04-session12.txt``). Rows run in ``--jobs`` processes. Run:
 ``python benchmarks/lab_table.py [--seeds 7,11,13] [--shapes ...] [--no-mooncake] [--jobs 2]``
-(about 6 minutes on the 2-vCPU development VM).
+(about 5-6 minutes on the 2-vCPU development VM).
 """
 
 from __future__ import annotations

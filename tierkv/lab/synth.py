@@ -64,7 +64,7 @@ Shapes (sessions arrive as a Poisson process, one per second on average):
 * ``sysprompt`` -- API traffic on shared system prompts, 512-token blocks: ``sessions`` one-shot requests,
   arrivals a Poisson process of ten per second. A request is one of 2,000 system prompts (2-12 blocks
   each, picked by a Zipf(0.9) law) and a distinct user message (100-1,500 tokens: 1-3 blocks, the last
-  partial); nothing else is ever reused. Why: the commonest production pattern (many applications, each
+  usually partial); nothing else is ever reused. Why: the commonest production pattern (many applications, each
   with its own instructions, queried one-shot): only shared prefixes are reused, at frequencies spanning
   three orders of magnitude, while each request brings blocks that are never used again -- recency keeps
   the one-shot suffixes and rare prompts, frequency (admission) and size matter. Not part of ``mixture``.

@@ -203,10 +203,10 @@ class TauAdapter:
         self.arc_mode = False
         self._rec_fast = 0.0  # the LRU shadow's sampled hits decayed by ``mode_decay`` (vs _live_hits)
         # (with ``recency``) the exploration budget (see _choose_mode): recency's best shadow's sampled
-        # hits since the start (undecayed), the real cache's net sampled loss against it over every
-        # decision on the predictor (negative: a gain), that loss in the current stay on the
-        # predictor or in the recovery after it, that loss in the current stay (and its recovery), the
-        # cost of the last failed trial, the recovery's decisions left, and whether they add to that cost
+        # hits since the start (undecayed); the real cache's net sampled loss against it over every
+        # decision on the predictor and the ``_RECOVER`` decisions after each stay (negative: a gain);
+        # that loss in the current stay and its recovery; the cost of the last failed trial; the
+        # recovery's decisions left, and whether they add to that cost
         self._rec_total = 0.0
         self._loss = 0.0
         self._trial_loss = 0.0
@@ -273,7 +273,8 @@ class TauAdapter:
         then every block of the request still held is re-keyed with ``value``, leaf first.
         ``hit``: the real cache held the block when the request came (the adaptive policy
         compares the real cache's sampled leading hits with recency's shadows' while it follows
-        the predictor, and charges the difference to its exploration budget; a request's blocks
+        the predictor and in the recovery after it, and charges the difference to its exploration
+        budget; a request's blocks
         must come leaf first for its leading run to be read root first)."""
         self._buf_b.append(block)
         self._buf_v.append(value + _OFFSET)
@@ -419,12 +420,16 @@ class TauAdapter:
         * and a trial must fit the *exploration budget*: the real cache's net loss against recency's
           best shadow (per decision, the best of the three shadows' sampled leading hits in that
           decision) over every decision it spent on the predictor so far, and over the ``_RECOVER``
-          decisions on recency after each such stay (the real cache still holds what the predictor
-          kept: on a trace of shared system prompts with one-shot suffixes that recovery cost
-          about three times the stays' own decisions) (``_loss``; a gain counts against it, the
-          credit capped at the budget), plus what the last stay on the predictor that ended
-          within ``_TRIAL`` decisions cost with its recovery (``_cost``: a failed trial, or the
-          first stay or a shadow-led one; the estimate of the next trial's cost), must stay within
+          decisions on recency after each such stay, while the real cache still holds what the
+          predictor kept (``_loss``; a gain counts against it, the credit capped at the budget).
+          A recovery is charged in full: the gap the real cache shows against the best of three
+          sampled shadows on recency anyway is counted too, an estimate that errs towards recency
+          (on a trace of short shared prompts with one-shot suffixes at 5%, the first ten decisions
+          after a stay ran 6.3% under the best shadow, those after sixty 1.0%; elsewhere the
+          recovery can be lost in that gap). Plus what the last stay on the predictor that ended
+          within ``_TRIAL`` decisions cost with its recovery so far (``_cost``: a failed trial, or
+          the first stay or a shadow-led one; the estimate of the next trial's cost; a trial may
+          start before the recovery ends, on a cost not yet complete), must stay within
           ``_REGRET`` (1%) of the sum of those per-decision bests since the start. The stays the
           shadow's lead starts are not held to it (that is evidence, not exploration), but their
           loss is charged. So, on a workload where prediction carries no signal, the trials add
