@@ -217,7 +217,8 @@ class Mover:
         rows = c.indexed_rows()  # adoption order, as the index's dict view
         if not len(rows):
             return True
-        pos = np.frombuffer(c.pos, dtype=np.uint32)[rows].astype(np.int64)
+        pos_col = np.frombuffer(c.pos, dtype=np.uint32)
+        pos = pos_col[rows].astype(np.int64)
         cell = np.frombuffer(c.cell, dtype=np.uint16)[rows].astype(np.int64)
         sched = s.sched
         log_table = np.asarray(sched.predictor.log_table, dtype=np.float64)
@@ -248,7 +249,7 @@ class Mover:
         has_parent[has_parent] = bid[prow[has_parent]] >= 0
         any_parent = bool(has_parent.any())
         if any_parent:  # level by level needs every parent above its child
-            ppos = np.frombuffer(c.pos, dtype=np.uint32)[prow[has_parent]].astype(np.int64)
+            ppos = pos_col[prow[has_parent]].astype(np.int64)
             if (ppos >= pos[has_parent]).any():
                 return False
         ranks[rows] = rank

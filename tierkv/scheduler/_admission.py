@@ -110,5 +110,6 @@ class FrequencySketch:
     def _age(self) -> None:
         """Halve every count: old accesses weigh half (a count of 1 is dropped)."""
         self._since = 0
-        view: np.ndarray[Any, Any] = np.frombuffer(self._table, dtype=np.uint8)  # (made here: a copy or a
-        view >>= 1  # pickle of the sketch must not keep a view of the original's table)
+        # a view made here, not kept: a copy or pickle of the sketch must not share the original's table
+        view: np.ndarray[Any, Any] = np.frombuffer(self._table, dtype=np.uint8)
+        view >>= 1

@@ -103,7 +103,6 @@ class TauAdapter:
         "_rec_hits",
         "_rec_total",
         "_recover",
-        "_recover_cost",
         "_requests",
         "_sample",
         "_since_compact",
@@ -205,14 +204,13 @@ class TauAdapter:
         # (with ``recency``) the exploration budget (see _choose_mode): recency's best shadow's sampled
         # hits since the start (undecayed); the real cache's net sampled loss against it over every
         # decision on the predictor and the ``_RECOVER`` decisions after each stay (negative: a gain);
-        # that loss in the current stay and its recovery; the cost of the last failed trial; the
-        # recovery's decisions left, and whether they add to that cost
+        # that loss in the current stay and its recovery; the cost of the last failed trial; and the
+        # recovery's decisions left (they add to that cost when the stay failed: _recover_cost)
         self._rec_total = 0.0
         self._loss = 0.0
         self._trial_loss = 0.0
         self._cost = 0.0
         self._recover = 0
-        self._recover_cost = False
         self._since_compact = 0
         self._requests = 0
         self._next = every
@@ -250,7 +248,6 @@ class TauAdapter:
         self._live_hits = 0.0
         self._rec_total = self._loss = self._trial_loss = self._cost = 0.0
         self._recover = 0
-        self._recover_cost = False
         self._live_buf = 0
         self._buf_b.clear()
         self._buf_v.clear()
@@ -274,8 +271,7 @@ class TauAdapter:
         ``hit``: the real cache held the block when the request came (the adaptive policy
         compares the real cache's sampled leading hits with recency's shadows' while it follows
         the predictor and in the recovery after it, and charges the difference to its exploration
-        budget; a request's blocks
-        must come leaf first for its leading run to be read root first)."""
+        budget; a request's blocks must come leaf first for its leading run to be read root first)."""
         self._buf_b.append(block)
         self._buf_v.append(value + _OFFSET)
         self._buf_t.append(t)
@@ -303,6 +299,12 @@ class TauAdapter:
     def recency_hits(self) -> float:
         """The LRU shadow's decayed count of sampled leading hits (0 without ``recency``)."""
         return self._rec_hits
+
+    @property
+    def _recover_cost(self) -> bool:
+        """Whether the recovery under way adds to ``_cost``: the stay it follows failed (ended before
+        ``_TRIAL`` decisions; ``_age`` stays as it was until the next switch to the predictor)."""
+        return self._age < self._TRIAL
 
     # --------------------------------------------------------------- internals
     def _serve(self) -> None:
@@ -468,7 +470,6 @@ class TauAdapter:
             return None
         self.recency_mode = True  # no margin: recency is the safe side
         self._recover = self._RECOVER
-        self._recover_cost = self._age < self._TRIAL
         if self._recover_cost:
             self._backoff = min(self._BACKOFF_MAX, 2 * self._backoff)
             self._cost = max(0.0, self._trial_loss)  # what the next trial is expected to cost
