@@ -75,7 +75,10 @@ class Writer:
         sched = self.s.sched
         sk = sched.sketch
         assert sk is not None
-        counts = [sk.add(shadow_id(keys[i].hex())) if n else 0 for i, n in zip(todo, new, strict=True)]
+        ids = [shadow_id(keys[i].hex()) if n else 0 for i, n in zip(todo, new, strict=True)]
+        for sid, n in zip(ids, new, strict=True):
+            if n:
+                sk.add(sid)
         if durable or not sched.admit:
             return todo
         need = sum(new) * self.s.block_nbytes
@@ -107,8 +110,8 @@ class Writer:
         if not victims:
             return todo
         victim = sk.get(shadow_id(victims[0].key))
-        for j, (n, c) in enumerate(zip(new, counts, strict=True)):
-            if n and c <= victim:
+        for j, (n, sid) in enumerate(zip(new, ids, strict=True)):
+            if n and sk.get(sid) <= victim:  # (read after every count: an aging in between halved both)
                 return todo[:j]
         return todo
 
