@@ -81,14 +81,15 @@ def test_sketch_rejects_bad_parameters(args: tuple[int], kw: dict[str, int]) -> 
 
 
 def _drive(ad: TauAdapter, reqs: list[list[int]]) -> list[bool]:
-    """Requests of block ids (root first) through the adapter; its admission mode after each."""
+    """Requests of block ids (root first) through the adapter; whether it is in one of its admission
+    modes (with an LRU or a segmented main) after each."""
     out = []
     for t, blocks in enumerate(reqs):
         for b in reversed(blocks):
             if ad.sampled(b):
                 ad.add(b, 0.0, float(t))
         ad.request(float(t))
-        out.append(ad.admit_mode)
+        out.append(ad.admit_mode or ad.slru_mode)
     return out
 
 
@@ -142,7 +143,7 @@ def test_admission_turns_on_where_blocks_come_back_beyond_what_recency_keeps() -
     ad = TauAdapter((300.0,), 300.0, 24, every=8, recency=True, bypass=False)
     modes = _drive(ad, _loop(6000))
     assert sum(modes[len(modes) // 2 :]) > 0.9 * (len(modes) - len(modes) // 2)
-    assert ad._adm_hits > 1.5 * max(ad._rec_fast, ad._arc_hits) and not ad.arc_mode
+    assert min(ad._adm_hits, ad._slru_hits) > 1.5 * max(ad._rec_fast, ad._arc_hits) and not ad.arc_mode
 
 
 def test_arc_takes_over_where_one_shot_bursts_flush_a_hot_set() -> None:
@@ -152,14 +153,15 @@ def test_arc_takes_over_where_one_shot_bursts_flush_a_hot_set() -> None:
         _drive(ad, _flooded(1500)[i : i + 100])
         arc.append(ad.arc_mode)
     assert sum(arc[len(arc) // 2 :]) == len(arc) - len(arc) // 2
-    assert ad._arc_hits > 1.5 * max(ad._rec_fast, ad._adm_hits) and not ad.admit_mode
+    assert ad._arc_hits > 1.5 * max(ad._rec_fast, ad._adm_hits) and not (ad.admit_mode or ad.slru_mode)
+    assert ad._arc_hits > ad._slru_hits  # (the segmented mode's protected segment keeps the hot set too)
 
 
 def test_admission_stays_off_where_first_accesses_are_reused() -> None:
     ad = TauAdapter((300.0,), 300.0, 24, every=8, recency=True, bypass=False)
     modes = _drive(ad, _turns(3000))
     assert sum(modes) < 0.05 * len(modes), sum(modes)
-    assert ad._rec_fast > ad._adm_hits and not ad.arc_mode
+    assert ad._rec_fast > max(ad._adm_hits, ad._slru_hits) and not ad.arc_mode
 
 
 def test_a_full_store_admits_only_blocks_more_frequent_than_its_victim() -> None:

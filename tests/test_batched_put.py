@@ -70,6 +70,9 @@ async def drive(policy: str, two_tiers: bool, seed: int) -> tuple[list[int], lis
     elif policy == "admission":  # held on recency with its frequency admission filter
         assert ad is not None
         ad.admit_mode = ad.recency_mode = kv._sched.recency = True
+    elif policy == "segmented":  # the same filter in front of a segmented LRU
+        assert ad is not None
+        ad.slru_mode = ad.recency_mode = kv._sched.recency = True
     calls = {"allocate_many": 0, "evict_many": 0, "evict": 0}
     top = kv._s.tiers[0].backend
     for name in calls:
@@ -94,12 +97,12 @@ async def drive(policy: str, two_tiers: bool, seed: int) -> tuple[list[int], lis
 
 
 @pytest.mark.parametrize("two_tiers", [False, True], ids=["one-tier", "dram-over-dram"])
-@pytest.mark.parametrize("policy", ["lru", "predictive", "adaptive", "arc", "admission"])
+@pytest.mark.parametrize("policy", ["lru", "predictive", "adaptive", "arc", "admission", "segmented"])
 async def test_batched_puts_place_exactly_as_block_by_block(
     policy: str, two_tiers: bool, monkeypatch: pytest.MonkeyPatch, anyio_backend: str
 ) -> None:
-    """``arc``/``admission``: the adaptive policy held in that mode."""
-    if policy in ("arc", "admission"):
+    """``arc``/``admission``/``segmented``: the adaptive policy held in that mode."""
+    if policy in ("arc", "admission", "segmented"):
         from tierkv.scheduler import TauAdapter
 
         monkeypatch.setattr(TauAdapter, "_choose_mode", lambda self, now, cur: None)
@@ -112,7 +115,8 @@ async def test_batched_puts_place_exactly_as_block_by_block(
     assert batched[1] == one_by_one[1]  # the same blocks left, on the same tiers
     assert sum(batched[0]) > 0 and len(batched[1]) >= CAP  # the tier filled and prefixes were found
     stored = sum(len(t) // BLOCK_TOKENS for t in workload(3))  # an upper bound of blocks stored
-    if policy != "arc" and not two_tiers:  # (a full tier above the bottom one, or on ARC, stores block by block)
+    if policy not in ("arc", "segmented") and not two_tiers:
+        # (a full tier above the bottom one, or on ARC or the segmented LRU, stores block by block)
         # batching did happen: far fewer allocations than blocks, evictions in groups
         assert batched[2]["allocate_many"] < one_by_one[2]["allocate_many"] / 2 < stored
         assert batched[2]["evict_many"] + batched[2]["evict"] < one_by_one[2]["evict_many"] + one_by_one[2]["evict"]

@@ -415,10 +415,21 @@ class SchedulerState:
     @property
     def admit(self) -> bool:
         """Whether a put into a full cache admits only blocks more frequent than the next victim
-        (the adaptive policy while it follows recency and its admission shadow beats plain
-        recency: the shadow models LRU with the filter, not the predictor's ranking with it)."""
+        (the adaptive policy while it follows recency and one of its admission shadows beats the
+        other recency shadows: they model LRU or a segmented LRU with the filter, not the
+        predictor's ranking with it)."""
         ad = self.tau_adapter
-        return ad is not None and ad.admit_mode and ad.recency_mode and self.sketch is not None
+        return ad is not None and (ad.admit_mode or ad.slru_mode) and ad.recency_mode and self.sketch is not None
+
+    @property
+    def slru(self) -> bool:
+        """Whether victims come from a segmented LRU (the adaptive policy while it follows recency and
+        its segmented admission shadow beats the other recency shadows; :attr:`admit` is on too): the
+        tiers' ARC lists serve as probation (recent) and protected (frequent) segments, the protected
+        one trimmed to ``TauAdapter.PROTECTED`` of the tier before a victim is picked
+        (``Mover.pick_victims``)."""
+        ad = self.tau_adapter
+        return ad is not None and ad.slru_mode and ad.recency_mode and self.arc_target is not None
 
     @property
     def arc(self) -> bool:

@@ -34,6 +34,7 @@ from ..errors import (
     IntegrityError,
 )
 from ..scheduler._buckets import PROVISIONAL_RANK, quantize, quantize_many
+from ..scheduler._tau import TauAdapter
 from ._entry import handle
 from ._index import Entry, pbin
 from ._residency import Recency
@@ -108,7 +109,7 @@ class Mover:
         except CapacityError:
             pass
         sched = self.s.sched
-        if sched.recency and sched.arc:
+        if sched.recency and (sched.arc or sched.slru):
             return []
         if lower_tier(self.s.loads(), ti) is not None:
             return []  # victims move down: a put's own blocks may be among them
@@ -346,7 +347,8 @@ class Mover:
 
     def pick_victims(self, ti: int, need: int, tenant: bytes | None = None, *, background: bool = False) -> list[Entry]:
         """Tier ``ti``'s blocks that should leave it first, until ``need`` bytes: the least
-        recently used (LRU policy, adaptive on recency), ARC's (adaptive on ARC: :meth:`_arc_lists`)
+        recently used (LRU policy, adaptive on recency), ARC's (adaptive on ARC: :meth:`_arc_lists`),
+        the segmented LRU's (adaptive on it: probation, then protected, once trimmed)
         or lowest-keyed (predictive) serving copies, then the durable-only copies, oldest access
         first. Pinned blocks, blocks being relocated, (with ``tenant``) other tenants' blocks and,
         at the bottom tier, the blocks a put keeps (``Index.kept``: the calling put's own, or every
@@ -365,8 +367,15 @@ class Mover:
         def want(r: int) -> int | None:
             return index.evictable(r, tenant, bottom=bottom, background=background)
 
-        if self.s.sched.recency:  # the lru policy, or the adaptive one on recency now (LRU or ARC)
-            lists = self._arc_lists(ti) if self.s.sched.arc else (tier.lru,)
+        sched = self.s.sched
+        if sched.recency:  # the lru policy, or the adaptive one on recency now (LRU, ARC or segmented)
+            if sched.arc:
+                lists: tuple[Recency, ...] = self._arc_lists(ti)
+            elif sched.slru:
+                tier.trim_frequent(TauAdapter.PROTECTED)
+                lists = tier.arc  # probation, then protected
+            else:
+                lists = (tier.lru,)
             for k, lst in enumerate(lists):
                 for r in lst.rows():
                     if freed >= need:

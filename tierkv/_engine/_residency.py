@@ -568,6 +568,19 @@ class Tier:
         c.arc[row] = 1
         lists[1].link(row)
 
+    def trim_frequent(self, share: float) -> None:
+        """Move the least recent rows of ARC's frequent list to the end of the recent list (most
+        recent there) until the frequent list holds at most ``share`` of this tier's serving copies:
+        the segmented LRU's demotion from its protected segment to probation (``SchedulerState.slru``)."""
+        recent, frequent = self.arc
+        limit = int(share * self.lru.n)
+        c = self._c
+        while frequent.n > limit:
+            r = frequent.head
+            frequent.unlink(r)
+            c.arc[r] = 0
+            recent.link(r)
+
     def back(self, e: Entry) -> None:
         """This tier holds ``e``'s durable copy (served elsewhere)."""
         r = e.row

@@ -15,8 +15,8 @@ becomes ``tau`` if it beats the current one by ``margin`` (hysteresis: sampling 
 ranking back and forth). Spatial sampling of this kind is how miniature simulations estimate miss-ratio
 curves; the choice only uses what happened before it (causal).
 
-With ``recency=True`` (the library's ``adaptive`` policy) the adapter also keeps LRU, LRU-with-admission
-and ARC shadows of the same sampled accesses and chooses between recency and the predictor
+With ``recency=True`` (the library's ``adaptive`` policy) the adapter also keeps LRU, LRU-with-admission,
+segmented-LRU-with-admission and ARC shadows of the same sampled accesses and chooses between recency and the predictor
 (:meth:`TauAdapter._choose_mode`, with an exploration budget for the predictor's trials); there every
 count, the candidates' included, is of *leading* hits (a request's sampled blocks root first up to the
 first one not held: what a prefix cache can serve), not of every held block.
@@ -36,7 +36,7 @@ from collections.abc import Container, Sequence
 
 from ..errors import ConfigError
 from ._admission import FrequencySketch
-from ._arc import ArcShadow
+from ._arc import ArcShadow, ArcTarget
 from ._buckets import PROVISIONAL_RANK, bucketize, lowest, push
 
 __all__ = ["TauAdapter"]
@@ -106,6 +106,12 @@ class TauAdapter:
         "_requests",
         "_sample",
         "_since_compact",
+        "_slru",
+        "_slru_ghosts",
+        "_slru_hits",
+        "_slru_p",
+        "_slru_q",
+        "_slru_slow",
         "_thr",
         "_trial_loss",
         "_wait",
@@ -113,6 +119,7 @@ class TauAdapter:
         "arc_mode",
         "recency",
         "recency_mode",
+        "slru_mode",
         "tau",
         "taus",
         "trace",
@@ -124,6 +131,7 @@ class TauAdapter:
     _BACKOFF_MAX = 1024
     _REGRET = 0.01  # the exploration budget: a fraction of recency's sampled leading hits (see _choose_mode)
     _RECOVER = 32  # decisions on recency after a stay on the predictor that are still charged to it
+    PROTECTED = 0.8  # the segmented mode's protected share of the cache (as W-TinyLFU's main cache)
 
     def __init__(
         self,
@@ -193,6 +201,17 @@ class TauAdapter:
         self._adm_hits = 0.0
         self._adm_slow = 0.0  # the same hits decayed by ``decay`` (vs the predictive shadows')
         self.admit_mode = False
+        # (with ``recency``) the segmented admission shadow: the same filter in front of a segmented
+        # LRU (blocks held -> whether protected; the probation and protected segments, least recent
+        # first; ARC's ghost lists of the ids it evicted, as the library's send a returning block to
+        # ARC's frequent list), and its hits; ``slru_mode``: the cache follows it while it follows recency
+        self._slru: dict[int, bool] = {}
+        self._slru_p: OrderedDict[int, None] = OrderedDict()
+        self._slru_q: OrderedDict[int, None] = OrderedDict()
+        self._slru_ghosts = ArcTarget(1)
+        self._slru_hits = 0.0
+        self._slru_slow = 0.0
+        self.slru_mode = False
         # (with ``recency``) the ARC shadow: a whole ARC of the same sampled accesses (ArcShadow), and
         # its hits (``mode_decay``, and ``decay`` vs the predictive shadows'); ``arc_mode``: the cache
         # follows ARC while it follows recency
@@ -242,6 +261,11 @@ class TauAdapter:
         self._adm_freq = FrequencySketch(cap)
         self._adm_hits = self._adm_slow = 0.0
         self.admit_mode = False
+        for d in (self._slru, self._slru_p, self._slru_q):
+            d.clear()
+        self._slru_ghosts = ArcTarget(cap)
+        self._slru_hits = self._slru_slow = 0.0
+        self.slru_mode = False
         self._arc = ArcShadow(cap)
         self._arc_hits = self._arc_slow = 0.0
         self.arc_mode = False
@@ -368,9 +392,11 @@ class TauAdapter:
             self._rec_fast += h
             self._live_hits += self._live_buf
             h_lru = h
-            h = h_adm = self._serve_admission()
-            self._adm_hits += h
-            self._adm_slow += h
+            h_adm, h_slru = self._serve_admission()
+            self._adm_hits += h_adm
+            self._adm_slow += h_adm
+            self._slru_hits += h_slru
+            self._slru_slow += h_slru
             h, lo, arc = 0, 0, self._arc
             for hi in self._buf_r:  # (buffered leaf first: served root first)
                 h += _leading(sb, lo, hi, arc)
@@ -379,7 +405,7 @@ class TauAdapter:
             self._arc_hits += h
             self._arc_slow += h
             m = 1.0 + self._margin
-            best = max(float(h_lru), h_adm / m, h / m)  # recency's best shadow in this decision
+            best = max(float(h_lru), max(h_adm, h_slru, h) / m)  # recency's best shadow in this decision
             self._rec_total += best
             if not self.recency_mode or self._recover > 0:
                 self._loss += best - self._live_buf
@@ -420,11 +446,11 @@ class TauAdapter:
           equal, and a trial that fails doubles the wait (up to ``_BACKOFF_MAX``), one that lasts
           ``_TRIAL`` decisions resets it;
         * and a trial must fit the *exploration budget*: the real cache's net loss against recency's
-          best shadow (per decision, the best of the three shadows' sampled leading hits in that
+          best shadow (per decision, the best of the four shadows' sampled leading hits in that
           decision) over every decision it spent on the predictor so far, and over the ``_RECOVER``
           decisions on recency after each such stay, while the real cache still holds what the
           predictor kept (``_loss``; a gain counts against it, the credit capped at the budget).
-          A recovery is charged in full: the gap the real cache shows against the best of three
+          A recovery is charged in full: the gap the real cache shows against the best of four
           sampled shadows on recency anyway is counted too, an estimate that errs towards recency
           (on a trace of short shared prompts with one-shot suffixes at 5%, the first ten decisions
           after a stay ran 6.3% under the best shadow, those after sixty 1.0%; elsewhere the
@@ -446,7 +472,7 @@ class TauAdapter:
         """
         hits = self._hits
         cur_hits = hits[cur] if cur >= 0 else max(hits)
-        rec = max(self._rec_hits, self._adm_slow, self._arc_slow)  # recency's best, in the candidates' decay
+        rec = max(self._rec_hits, self._adm_slow, self._slru_slow, self._arc_slow)  # recency's best (candidates' decay)
         live = self._live_hits
         if self.recency_mode:
             self._wait -= 1
@@ -508,23 +534,44 @@ class TauAdapter:
             lo = hi
         return h
 
-    def _serve_admission(self) -> int:
-        """Serve the buffered requests in the admission shadow (see :meth:`_choose_recency`): per
-        request (buffered leaf first) every block is counted and the held ones are touched (as the
-        lookup before the real put touches them: the victim is never one of the request's own),
-        then its missed blocks are admitted root first until one is not more frequent than the
-        cache's victim (a block after it would be unreachable), then the request is touched leaf
-        first."""
+    def _serve_admission(self) -> tuple[int, int]:
+        """Serve the buffered requests in both admission shadows (see :meth:`_choose_recency`); returns
+        their sampled leading hits (LRU main, segmented main). Per request (buffered leaf first) the
+        held blocks are touched (as the real put's access touches them: the victim is never one of
+        the request's own; in the segmented shadow a held block is promoted to the protected segment,
+        as a second use moves it to ARC's frequent list), every block is counted root first (as the
+        put counts its missed blocks), then, if the cache has no room for all of the missed blocks,
+        they are admitted root first until one is not more frequent than the cache's victim (a block
+        after it would be unreachable; the counts compared are read after every count, as
+        ``Writer._admitted`` reads them), then the request is touched leaf first. The segmented
+        shadow's victim is the probation segment's least recent block, once the protected segment
+        has been trimmed to ``PROTECTED`` of the cache (its least recent blocks go back to probation
+        as its most recent: as :meth:`Tier.trim_frequent <tierkv._engine._residency.Tier.trim_frequent>`
+        does before the library picks a victim), or the protected one's when that block is the
+        request's own (see :meth:`_slru_victim`); a block its ARC ghost lists remember comes back
+        protected (the library keeps one :class:`~tierkv.scheduler._arc.ArcTarget` for ARC and this
+        mode, the shadow its own)."""
         sb, rec, freq, cap = self._buf_b, self._adm, self._adm_freq, self._cap
-        h = lo = 0
+        seg, prob, prot, ghosts = self._slru, self._slru_p, self._slru_q, self._slru_ghosts
+        h = hs = lo = 0
         for hi in self._buf_r:
             h += _leading(sb, lo, hi, rec)
+            hs += _leading(sb, lo, hi, seg)
             for x in range(lo, hi):  # the lookup touches what is held: it is not the victim
                 b = sb[x]
                 if b in rec:
                     rec.move_to_end(b)
-                freq.add(b)
-            victim = freq.get(next(iter(rec))) if len(rec) >= cap else -1
+                p = seg.get(b)
+                if p is not None:
+                    if not p:
+                        del prob[b]
+                        seg[b] = True
+                    prot[b] = None
+                    prot.move_to_end(b)
+            for x in range(hi - 1, lo - 1, -1):  # counted root first, as the put counts its new blocks
+                freq.add(sb[x])
+            full = len(rec) + sum(1 for x in range(lo, hi) if sb[x] not in rec) > cap  # no room for them all
+            victim = freq.get(next(iter(rec))) if full else -1
             for x in range(hi - 1, lo - 1, -1):
                 b = sb[x]
                 if b in rec:
@@ -534,40 +581,85 @@ class TauAdapter:
                 rec[b] = None
                 if len(rec) > cap:
                     rec.popitem(last=False)
+            full = len(seg) + sum(1 for x in range(lo, hi) if sb[x] not in seg) > cap
+            own = set(sb[lo:hi]) if full else ()
+            victim = freq.get(self._slru_victim(own)) if own else -1
+            for x in range(hi - 1, lo - 1, -1):
+                b = sb[x]
+                if b in seg:
+                    continue
+                if freq.get(b) <= victim:
+                    break
+                back = ghosts.returning(b)
+                if back:
+                    prot[b] = None
+                else:
+                    prob[b] = None
+                seg[b] = back
+                if len(seg) > cap:
+                    v = self._slru_victim(own)
+                    if seg.pop(v):
+                        del prot[v]
+                        ghosts.lost(v, True, len(prob))
+                    else:
+                        del prob[v]
+                        ghosts.lost(v, False, len(prob))
             for x in range(lo, hi):
                 b = sb[x]
                 if b in rec:
                     rec.move_to_end(b)
+                p = seg.get(b)
+                if p is not None:
+                    (prot if p else prob).move_to_end(b)
             lo = hi
-        return h
+        return h, hs
+
+    def _slru_victim(self, own: Container[int]) -> int:
+        """The segmented shadow's next victim (it must hold a block), after trimming its protected
+        segment to ``PROTECTED`` of the blocks held: the probation segment's least recent block,
+        unless that is one of the current request's ``own`` (then every later one is: the library
+        passes over a put's own blocks and leaves that list at the first), else the protected one's."""
+        seg, prob, prot = self._slru, self._slru_p, self._slru_q
+        limit = int(self.PROTECTED * len(seg))
+        while len(prot) > limit:
+            b, _ = prot.popitem(last=False)
+            prob[b] = None
+            seg[b] = False
+        if prob:
+            v = next(iter(prob))
+            if v not in own or not prot:
+                return v
+        return next(iter(prot))
 
     def _recency_best(self) -> float:
         """What recency scores against the predictor (``mode_decay`` counts): the best of plain LRU, LRU
-        with admission and ARC, the latter two discounted by the margin (only plain LRU is the safe
-        side; and the best of three noisy sampled counts is biased upward)."""
+        with admission, segmented LRU with admission and ARC, all but LRU discounted by the margin (only
+        plain LRU is the safe side; and the best of four noisy sampled counts is biased upward)."""
         m = 1.0 + self._margin
-        return max(self._rec_fast, self._adm_hits / m, self._arc_hits / m)
+        return max(self._rec_fast, max(self._adm_hits, self._slru_hits, self._arc_hits) / m)
 
     def _choose_recency(self) -> None:
         """Which recency the cache follows while on recency (``recency=True``): plain LRU, LRU with
-        frequency admission (``admit_mode``) or ARC (``arc_mode``). From LRU, the better of the other
-        two takes over once its shadow's sampled hits lead the LRU shadow's by the margin; back to LRU
-        as soon as LRU's are at least the current one's (LRU is the safe side); between admission and
-        ARC, by the margin. All three shadows are faithful in either mode (they read no feature of the
-        real cache); counts decayed by ``mode_decay``."""
-        rec, adm, arc = self._rec_fast, self._adm_hits, self._arc_hits
+        frequency admission (``admit_mode``), the same filter in front of a segmented LRU
+        (``slru_mode``) or ARC (``arc_mode``). From LRU, the best of the other three takes over once
+        its shadow's sampled hits lead the LRU shadow's by the margin; back to LRU as soon as LRU's
+        are at least the current one's (LRU is the safe side); between the other three, the best
+        takes over once it leads the current one by the margin. All four shadows are faithful in
+        either mode (they read no feature of the real cache); counts decayed by ``mode_decay``."""
+        counts = [self._rec_fast, self._adm_hits, self._slru_hits, self._arc_hits]
+        modes = (self.admit_mode, self.slru_mode, self.arc_mode)
+        cur = 1 + modes.index(True) if True in modes else 0
+        rec = counts[0]
         m = 1.0 + self._margin
-        cur = adm if self.admit_mode else arc if self.arc_mode else None
-        if cur is None:  # on LRU
-            best = max(adm, arc)
-            if best > rec * m:
-                self.admit_mode, self.arc_mode = adm >= arc, adm < arc
-        elif rec >= cur:
-            self.admit_mode = self.arc_mode = False
-        elif self.admit_mode and arc > adm * m:
-            self.admit_mode, self.arc_mode = False, True
-        elif self.arc_mode and adm > arc * m:
-            self.admit_mode, self.arc_mode = True, False
+        best = max(range(1, 4), key=counts.__getitem__)
+        if cur == 0:  # on LRU
+            if counts[best] > rec * m:
+                self.admit_mode, self.slru_mode, self.arc_mode = (i == best for i in range(1, 4))
+            return
+        if rec >= counts[cur]:
+            self.admit_mode = self.slru_mode = self.arc_mode = False
+        elif counts[best] > counts[cur] * m:
+            self.admit_mode, self.slru_mode, self.arc_mode = (i == best for i in range(1, 4))
 
     def _choose(self, now: float) -> float | None:
         hits, taus = self._hits, self.taus
@@ -588,10 +680,12 @@ class TauAdapter:
             hits[i] *= d
         self._rec_hits *= d
         self._adm_slow *= d
+        self._slru_slow *= d
         self._arc_slow *= d
         md = self._mode_decay
         self._rec_fast *= md
         self._adm_hits *= md
+        self._slru_hits *= md
         self._arc_hits *= md
         self._live_hits *= md
         if not self.recency_mode:  # the predictor's banked lead is capped (see _choose_mode)
