@@ -5,6 +5,7 @@ wins, and a real TierKV whose puts into a full cache admit only blocks more freq
 from __future__ import annotations
 
 import copy
+import math
 import pickle
 import random
 
@@ -250,3 +251,40 @@ def test_under_a_tenant_quota_admission_compares_with_the_tenants_own_victim() -
         assert kv.invariant_violations() == []
     finally:
         sync.close()
+
+
+def _hot_and_turns(n: int, seed: int = 2) -> list[list[int]]:
+    """Two requests of a hot set of 30 blocks, then a new 3-block prompt that comes back once, one block
+    longer, two prompts later: LRU keeps both; the filter keeps the hot set but refuses the prompts."""
+    rnd = random.Random(seed)
+    reqs: list[list[int]] = []
+    sessions: list[list[int]] = []
+    nxt = 7_000_000
+    for _ in range(n):
+        reqs += [[8_000_000 + rnd.randrange(30)], [8_000_000 + rnd.randrange(30)]]
+        s = list(range(nxt, nxt + 3))
+        nxt += 3
+        sessions.append(s)
+        reqs.append(s)
+        if len(sessions) > 2:
+            reqs.append([*sessions[-3], nxt])
+            nxt += 1
+    return reqs
+
+
+@pytest.mark.parametrize("z", [TauAdapter._JUMP_Z, math.inf], ids=["change-points", "slow-counts-only"])
+def test_a_change_point_hands_the_cache_back_to_lru_at_once(z: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loop larger than the cache that the filter keeps part of (an admission mode on, LRU hits
+    nothing), then a phase where LRU scores about twice what admission does. The recency shadows'
+    recent counts show the change at the first decision and LRU takes over there; on the slow counts
+    alone (``z`` infinite), which still remember the loop, it takes four decisions."""
+    monkeypatch.setattr(TauAdapter, "_JUMP_Z", z)
+    ad = TauAdapter((300.0,), 300.0, 64, every=32, recency=True, bypass=False)
+    rnd = random.Random(1)
+    loop = [[i % 200, 1_000_000 + i] if rnd.random() < 0.3 else [i % 200] for i in range(20_000)]
+    assert all(_drive(ad, loop)[-2000:]) and ad._rec_fast < 1.0
+    after = _drive(ad, _hot_and_turns(3000))
+    first_off = next(i for i, on in enumerate(after) if not on) // 32  # in decisions
+    assert first_off == (1 if z < math.inf else 4), first_off
+    assert not any(after[-1000:])
+    assert ad._rec_fast > 1.5 * max(ad._adm_hits, ad._slru_hits)

@@ -91,6 +91,7 @@ class TauAdapter:
         "_decay",
         "_every",
         "_hits",
+        "_jump",
         "_lead_cap",
         "_live_buf",
         "_live_hits",
@@ -132,6 +133,8 @@ class TauAdapter:
     _REGRET = 0.01  # the exploration budget: a fraction of recency's sampled leading hits (see _choose_mode)
     _RECOVER = 32  # decisions on recency after a stay on the predictor that are still charged to it
     PROTECTED = 0.8  # the segmented mode's protected share of the cache (as W-TinyLFU's main cache)
+    _JUMP_DECAY = 0.5  # the recency shadows' recent hits (about the last two decisions: change points)
+    _JUMP_Z = 4.0  # how many standard deviations a recent lead must reach to count as a change point
 
     def __init__(
         self,
@@ -220,6 +223,8 @@ class TauAdapter:
         self._arc_slow = 0.0
         self.arc_mode = False
         self._rec_fast = 0.0  # the LRU shadow's sampled hits decayed by ``mode_decay`` (vs _live_hits)
+        # the four recency shadows' (LRU, admission, segmented, ARC) hits decayed by _JUMP_DECAY
+        self._jump = [0.0, 0.0, 0.0, 0.0]
         # (with ``recency``) the exploration budget (see _choose_mode): recency's best shadow's sampled
         # hits since the start (undecayed); the real cache's net sampled loss against it over every
         # decision on the predictor and the ``_RECOVER`` decisions after each stay (negative: a gain);
@@ -257,6 +262,7 @@ class TauAdapter:
         self._rec.clear()
         self._rec_hits = 0.0
         self._rec_fast = 0.0
+        self._jump = [0.0, 0.0, 0.0, 0.0]
         self._adm.clear()
         self._adm_freq = FrequencySketch(cap)
         self._adm_hits = self._adm_slow = 0.0
@@ -404,6 +410,9 @@ class TauAdapter:
                 lo = hi
             self._arc_hits += h
             self._arc_slow += h
+            jd, j = self._JUMP_DECAY, self._jump
+            for i, x in enumerate((h_lru, h_adm, h_slru, h)):
+                j[i] = j[i] * jd + x
             m = 1.0 + self._margin
             best = max(float(h_lru), max(h_adm, h_slru, h) / m)  # recency's best shadow in this decision
             self._rec_total += best
@@ -645,10 +654,27 @@ class TauAdapter:
         its shadow's sampled hits lead the LRU shadow's by the margin; back to LRU as soon as LRU's
         are at least the current one's (LRU is the safe side); between the other three, the best
         takes over once it leads the current one by the margin. All four shadows are faithful in
-        either mode (they read no feature of the real cache); counts decayed by ``mode_decay``."""
+        either mode (they read no feature of the real cache); counts decayed by ``mode_decay``
+        (about the last 20 decisions), so that noise does not flip the mode.
+
+        Except at a *change point*: when over about the last two decisions (counts decayed by
+        ``_JUMP_DECAY``) a shadow leads the current mode's by more than ``_JUMP_Z`` standard
+        deviations (counts of hits: a difference ``d`` of two counts ``a``, ``b`` is significant when
+        ``d > z * sqrt(a + b)``), the workload changed: that shadow takes over at once and the slower
+        counts restart from the recent ones (the older evidence describes another phase; kept, it would
+        switch back). On the synthetic ``agent_tools`` shape (seed 19, 5%) admission led during the dense
+        first phase and fell 28 points below LRU in the sparse tail, where the slow counts took
+        four decisions of the tail's twelve to follow (``benchmarks/results/2026-12-05-session13.txt``)."""
         counts = [self._rec_fast, self._adm_hits, self._slru_hits, self._arc_hits]
         modes = (self.admit_mode, self.slru_mode, self.arc_mode)
         cur = 1 + modes.index(True) if True in modes else 0
+        j = self._jump
+        b = max(range(4), key=j.__getitem__)
+        if b != cur and j[b] - j[cur] > self._JUMP_Z * math.sqrt(j[b] + j[cur]):
+            scale = (1.0 - self._JUMP_DECAY) / (1.0 - self._mode_decay) if self._mode_decay < 1.0 else 1.0
+            self._rec_fast, self._adm_hits, self._slru_hits, self._arc_hits = (x * scale for x in j)
+            self.admit_mode, self.slru_mode, self.arc_mode = (i == b for i in range(1, 4))
+            return
         rec = counts[0]
         m = 1.0 + self._margin
         best = max(range(1, 4), key=counts.__getitem__)
