@@ -163,3 +163,32 @@ def test_the_recency_sub_mode_follows_the_best_shadow_with_hysteresis() -> None:
     assert step(100, 107, 103, 106) == "arc"
     assert step(100, 109, 103, 106) == "adm"
     assert step(109, 109, 103, 106) == "lru"  # LRU is at least the current one
+
+
+def test_a_request_longer_than_the_cache_is_served_by_every_shadow_and_keeps_its_leading_blocks() -> None:
+    """A first request of 6 blocks into a cache of 4 (an empty segmented shadow once raised StopIteration
+    looking for a victim here, and the put with it): every shadow serves it, and the library held in each
+    recency mode stores its blocks root first and stops when only its own are left to evict, so the same
+    request then finds its first 4 blocks. (The shadows keep the request's last blocks instead, as the
+    lab's classical policies do: the rule the library follows there lowered the lab table, see
+    benchmarks/results/2026-12-05-session13.txt.)"""
+    ad = TauAdapter((300.0,), 300.0, 4, every=1, decay=1.0, mode_decay=1.0, recency=True)
+    req = [1, 2, 3, 4, 5, 6]
+    for t in (1.0, 2.0):
+        for b in reversed(req):
+            assert ad.sampled(b)
+            ad.add(b, 0.0, t)
+        ad.request(t)
+    assert len(ad._adm) == len(ad._slru) == 4  # (full: each shadow made room within the request)
+    for mode in ("lru", "admit_mode", "slru_mode", "arc_mode"):
+        pol = LibraryPolicy(4, policy="adaptive", name="adaptive")
+        try:
+            if mode != "lru":
+                _held_in(pol, mode)
+            assert pol.request(req, 1.0, False)[0] == 0
+            assert pol.request(req, 2.0, False)[0] == 4, mode
+            for b in range(100, 140):  # one-block requests after it: room is made as usual
+                pol.request([b], 3.0 + b, False)
+            assert pol.kv.invariant_violations() == []
+        finally:
+            pol.close()

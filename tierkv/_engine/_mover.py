@@ -91,8 +91,8 @@ class Mover:
         whole that way; the caller then stores the blocks one by one, as before.
 
         The batch sheds only where that sheds what the blocks stored one by one would each have
-        made room for, in the same order: the policy is not on ARC (whose victims depend on each
-        block stored before them); no partial last blocks are stored (every block one size, so no
+        made room for, in the same order: the policy is not on ARC or the segmented LRU (whose
+        victims depend on each block stored before them); no partial last blocks are stored (every block one size, so no
         victim frees more than a block needs); the tier is the bottom one (its victims are
         dropped, and never the blocks the calling put keeps; above it a put's own blocks, among
         them its earlier batches' new ones, may move down, one by one each new block pushing

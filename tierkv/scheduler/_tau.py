@@ -580,7 +580,7 @@ class TauAdapter:
             for x in range(hi - 1, lo - 1, -1):  # counted root first, as the put counts its new blocks
                 freq.add(sb[x])
             full = len(rec) + sum(1 for x in range(lo, hi) if sb[x] not in rec) > cap  # no room for them all
-            victim = freq.get(next(iter(rec))) if full else -1
+            victim = freq.get(next(iter(rec))) if full and rec else -1  # (an empty one has no victim)
             for x in range(hi - 1, lo - 1, -1):
                 b = sb[x]
                 if b in rec:
@@ -592,7 +592,7 @@ class TauAdapter:
                     rec.popitem(last=False)
             full = len(seg) + sum(1 for x in range(lo, hi) if sb[x] not in seg) > cap
             own = set(sb[lo:hi]) if full else ()
-            victim = freq.get(self._slru_victim(own)) if own else -1
+            victim = freq.get(self._slru_victim(own)) if own and seg else -1  # (an empty one has no victim)
             for x in range(hi - 1, lo - 1, -1):
                 b = sb[x]
                 if b in seg:
@@ -657,8 +657,9 @@ class TauAdapter:
         either mode (they read no feature of the real cache); counts decayed by ``mode_decay``
         (about the last 20 decisions), so that noise does not flip the mode.
 
-        Except at a *change point*: when over about the last two decisions (counts decayed by
-        ``_JUMP_DECAY``) a shadow leads the current mode's by more than ``_JUMP_Z`` standard
+        Except at a *change point* while the cache follows recency (on the predictor these counts also
+        weigh recency against the real cache's, over the same ~20 decisions): when over about the last
+        two decisions (counts decayed by ``_JUMP_DECAY``) a shadow leads the current mode's by more than ``_JUMP_Z`` standard
         deviations (counts of hits: a difference ``d`` of two counts ``a``, ``b`` is significant when
         ``d > z * sqrt(a + b)``), the workload changed: that shadow takes over at once and the slower
         counts restart from the recent ones (the older evidence describes another phase; kept, it would
@@ -670,7 +671,7 @@ class TauAdapter:
         cur = 1 + modes.index(True) if True in modes else 0
         j = self._jump
         b = max(range(4), key=j.__getitem__)
-        if b != cur and j[b] - j[cur] > self._JUMP_Z * math.sqrt(j[b] + j[cur]):
+        if self.recency_mode and b != cur and j[b] - j[cur] > self._JUMP_Z * math.sqrt(j[b] + j[cur]):
             scale = (1.0 - self._JUMP_DECAY) / (1.0 - self._mode_decay) if self._mode_decay < 1.0 else 1.0
             self._rec_fast, self._adm_hits, self._slru_hits, self._arc_hits = (x * scale for x in j)
             self.admit_mode, self.slru_mode, self.arc_mode = (i == b for i in range(1, 4))
