@@ -182,20 +182,26 @@ async def run_random_workload(
         tiers = [dram_tier(12 * BLOCK)]
     cfg = smol_config(tiers, scheduler={"policy": policy}, partial_blocks=partial)
     counts = {"ops": 0, "cancelled": 0, "typed_errors": 0, "hits": 0, "tail_hits": 0, "paged_hits": 0, "filtered": 0}
-    counts["batch_sheds"] = 0
+    counts["batch_sheds"] = counts["protected"] = 0
     wrong: list[str] = []
     untyped: list[BaseException] = []
     async with serving(cfg) as kv:
-        if force == "admission":
+        if force in ("admission", "segmented"):
             ad = kv._sched.tau_adapter
-            assert ad is not None and kv._sched.sketch is not None
-            ad.admit_mode = ad.recency_mode = kv._sched.recency = True
+            assert ad is not None and kv._sched.sketch is not None and kv._sched.arc_target is not None
+            if force == "admission":
+                ad.admit_mode = True
+            else:
+                ad.slru_mode = True
+            ad.recency_mode = kv._sched.recency = True
+            assert kv._sched.admit and kv._sched.slru == (force == "segmented") and not kv._sched.arc
             writer = kv._s.writer
             admitted = writer._admitted
 
             def counting(*args: Any) -> list[int]:
                 out = admitted(*args)
                 counts["filtered"] += len(out) < len(args[1])
+                counts["protected"] = max(counts["protected"], *(t.arc[1].n for t in kv._s.tiers))
                 return out
 
             writer._admitted = counting  # type: ignore[method-assign]
@@ -323,19 +329,21 @@ async def test_random_concurrency_invariants_one_tier_batched_sheds(tmp_path: Pa
     await run_random_workload(tmp_path, tasks=64, seconds=4.0, seed=3, policy=policy, one_tier=True)
 
 
-@pytest.mark.parametrize("force", ["admission", "arc"])
+@pytest.mark.parametrize("force", ["admission", "segmented", "arc"])
 async def test_random_concurrency_invariants_with_admission_or_arc(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, force: str
 ) -> None:
-    """The adaptive policy held on recency with its frequency admission filter on, or on ARC (three
-    tiers, default watermarks, the service running): puts the filter cuts, or ARC's victims, under
-    cancels at random points, keep every invariant (ARC's lists included) and every byte."""
+    """The adaptive policy held on recency with its frequency admission filter on (in front of an LRU or
+    of the segmented LRU), or on ARC (three tiers, default watermarks, the service running): puts the
+    filter cuts, or ARC's or the segments' victims, under cancels at random points, keep every
+    invariant (ARC's lists, the segments, included) and every byte."""
     from tierkv.scheduler import TauAdapter
 
     monkeypatch.setattr(TauAdapter, "_choose_mode", lambda self, now, cur: None)
     monkeypatch.setattr(TauAdapter, "_choose_recency", lambda self: None)
     counts = await run_random_workload(tmp_path, tasks=64, seconds=4.0, seed=5, policy="adaptive", force=force)
     assert counts["filtered"] > 0
+    assert counts["protected"] > 0 or force != "segmented"  # the protected segment was used
 
 
 @pytest.mark.slow
