@@ -4,9 +4,11 @@ admission filter in front of a segmented LRU, in the library (a real TierKV) and
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tierkv._scheduling import shadow_id
 from tierkv.lab.policies.library import LibraryPolicy, tokens_of
 from tierkv.lab.replay import load_trace, replay
 from tierkv.lab.synth import write_synthetic
@@ -67,11 +69,11 @@ def test_a_segmented_store_evicts_from_probation_before_its_protected_blocks(mod
         pol.close()
 
 
-def test_the_protected_segment_is_trimmed_to_its_share_before_a_victim_is_picked() -> None:
-    """Nine of ten blocks used twice: ARC's frequent list holds them all until the segmented mode picks a
-    victim; then the least recent of them goes back to probation (as its most recent block) until the
-    frequent list holds ``TauAdapter.PROTECTED`` of the tier, and is evicted before the protected ones
-    once the blocks stored before it in probation have gone."""
+def test_the_protected_segment_of_a_full_tier_is_trimmed_to_its_share_when_a_request_is_recorded() -> None:
+    """Nine of ten blocks used twice: ARC's frequent list holds them all until the segmented mode records
+    a request into the full tier; then the least recent of them goes back to probation (as its most
+    recent block) until the frequent list holds ``TauAdapter.PROTECTED`` of the tier, and is evicted
+    before the protected ones once the blocks stored before it in probation have gone."""
     pol = LibraryPolicy(10, policy="adaptive", name="adaptive")
     try:
         kv = pol.kv
@@ -192,3 +194,83 @@ def test_a_request_longer_than_the_cache_is_served_by_every_shadow_and_keeps_its
             assert pol.kv.invariant_violations() == []
         finally:
             pol.close()
+
+
+@pytest.mark.parametrize("mode", ["arc_mode", "slru_mode"])
+def test_the_victim_search_leaves_the_first_list_at_a_puts_own_blocks(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put of 48 new blocks (counted often enough to pass the filter) into a full tier of 64 whose
+    blocks were all used twice (the frequent list, or the protected segment trimmed to 80%): the new
+    blocks go to the recent list (probation) and, once it holds only them, each one's victim comes from
+    the other list: the search leaves the recent list at the first of the put's own blocks (about 2
+    looks per block; passing over them all for every block stored takes ~1,100)."""
+    from tierkv._engine._index import Index
+
+    monkeypatch.setattr(TauAdapter, "_choose_mode", lambda self, now, cur: None)
+    monkeypatch.setattr(TauAdapter, "_choose_recency", lambda self: None)
+    pol = _held_in(LibraryPolicy(64, policy="adaptive", name="adaptive"), mode)
+    try:
+        kv = pol.kv
+        t = 0.0
+        for b in [*range(1, 65), *range(1, 65)]:
+            t += 1.0
+            pol.request([b], t, False)
+        tier = kv._s.tiers[0]
+        assert (len(tier.arc[0]), len(tier.arc[1])) == ((0, 64) if mode == "arc_mode" else (13, 51))
+        big = list(range(1000, 1048))
+        _, keys, _ = kv._s.keys(tokens_of(big), None)
+        sketch = kv._sched.sketch
+        assert sketch is not None
+        for k in keys:
+            for _ in range(5):
+                sketch.add(shadow_id(k.hex()))
+        looks = [0]
+        evictable = Index.evictable
+
+        def counting(self: Index, *args: Any, **kw: Any) -> int | None:
+            looks[0] += 1
+            return evictable(self, *args, **kw)
+
+        monkeypatch.setattr(Index, "evictable", counting)
+        pol.request(big, t + 1.0, False)
+        assert all(k.hex() in kv._index for k in keys)
+        assert (len(tier.arc[0]), len(tier.arc[1])) == (48, 16)
+        assert looks[0] < 2 * len(big) + 4, looks[0]
+        assert kv.invariant_violations() == []
+    finally:
+        pol.close()
+
+
+def test_a_segmented_put_stores_its_whole_prompt_while_another_block_can_go(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tier of 6 blocks in the segmented mode: x used twice (protected), h1..h3 used twice
+    (protected), a and b once (probation). A put of h1 h2 h3 n1 g1 n2 (three held, three new, g1
+    remembered by ARC's ghost lists, so it comes back protected) needs three victims: a, b, then x.
+    The protected segment is trimmed when a request's access is recorded, not while the put picks
+    victims: x demoted then would land behind n1, where the search leaves probation, and the put
+    would stop before n2 with x still cached."""
+    monkeypatch.setattr(TauAdapter, "_choose_mode", lambda self, now, cur: None)
+    monkeypatch.setattr(TauAdapter, "_choose_recency", lambda self: None)
+    pol = _held_in(LibraryPolicy(6, policy="adaptive", name="adaptive"), "slru_mode")
+    try:
+        kv = pol.kv
+        t = 0.0
+        for ids in ([1], [1], [2, 3, 4], [2, 3, 4], [5], [6]):
+            t += 1.0
+            pol.request(ids, t, False)
+        req = [2, 3, 4, 7, 8, 9]
+        _, keys, _ = kv._s.keys(tokens_of(req), None)
+        sid = [shadow_id(k.hex()) for k in keys]
+        target, sketch = kv._sched.arc_target, kv._sched.sketch
+        assert target is not None and sketch is not None
+        target._b1[sid[4]] = None  # g1 was evicted before: ARC remembers it
+        for _ in range(3):  # n1, g1, n2 more frequent than every victim
+            for s in sid[3:]:
+                sketch.add(s)
+        pol.request(req, t + 1.0, False)
+        assert all(k.hex() in kv._index for k in keys)
+        assert _held(pol, [1]) == []
+        assert pol.request(req, t + 2.0, False)[0] == len(req)
+        assert kv.invariant_violations() == []
+    finally:
+        pol.close()

@@ -34,7 +34,6 @@ from ..errors import (
     IntegrityError,
 )
 from ..scheduler._buckets import PROVISIONAL_RANK, quantize, quantize_many
-from ..scheduler._tau import TauAdapter
 from ._entry import handle
 from ._index import Entry, pbin
 from ._residency import Recency
@@ -348,7 +347,7 @@ class Mover:
     def pick_victims(self, ti: int, need: int, tenant: bytes | None = None, *, background: bool = False) -> list[Entry]:
         """Tier ``ti``'s blocks that should leave it first, until ``need`` bytes: the least
         recently used (LRU policy, adaptive on recency), ARC's (adaptive on ARC: :meth:`_arc_lists`),
-        the segmented LRU's (adaptive on it: probation, then protected, once trimmed)
+        the segmented LRU's (adaptive on it: probation, then protected)
         or lowest-keyed (predictive) serving copies, then the durable-only copies, oldest access
         first. Pinned blocks, blocks being relocated, (with ``tenant``) other tenants' blocks and,
         at the bottom tier, the blocks a put keeps (``Index.kept``: the calling put's own, or every
@@ -372,8 +371,7 @@ class Mover:
             if sched.arc:
                 lists: tuple[Recency, ...] = self._arc_lists(ti)
             elif sched.slru:
-                tier.trim_frequent(TauAdapter.PROTECTED)
-                lists = tier.arc  # probation, then protected
+                lists = tier.arc  # probation, then protected (trimmed when an access is recorded)
             else:
                 lists = (tier.lru,)
             for k, lst in enumerate(lists):

@@ -33,6 +33,7 @@ from ..errors import (
     KVLayoutError,
     LoadFailedError,
 )
+from ..scheduler._tau import TauAdapter
 from ._index import Entry, pbin
 from ._results import GetResult
 from ._service import Promote
@@ -303,7 +304,21 @@ class Reader:
         if leaf is not None:
             sched.note_request(request or leaf.key, now, leaf.key, blocks, leaf.bid, leaf.cell)
         sched.end_request(now)
+        if sched.slru:  # the segmented LRU: a second use may have moved blocks to the protected segment
+            self._trim_protected()
         self.s.mover.refresh_ranking()  # the adaptive tau may have switched, or importance changed
+
+    def _trim_protected(self) -> None:
+        """Trim the protected segment of every full tier (no room for one more block below its high
+        watermark: where victims are picked) to ``TauAdapter.PROTECTED`` of its blocks, once a
+        request's access is recorded (its second uses promoted). Not when a victim is picked: the
+        blocks demoted then would land behind the put's own new blocks, where the victim search
+        leaves probation (:meth:`Mover.pick_victims <tierkv._engine._mover.Mover.pick_victims>`)."""
+        s = self.s
+        for t in s.tiers:
+            st = t.backend.stats()  # (in memory)
+            if st.used_bytes + s.block_nbytes > t.high * st.capacity_bytes:
+                t.trim_frequent(TauAdapter.PROTECTED)
 
     async def read_blocks(self, entries: list[Entry], served: list[int]) -> list[memoryview | BaseException]:
         """Read every entry's bytes, batched per tier; a failure is returned in

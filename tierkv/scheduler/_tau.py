@@ -552,14 +552,20 @@ class TauAdapter:
         put counts its missed blocks), then, if the cache has no room for all of the missed blocks,
         they are admitted root first until one is not more frequent than the cache's victim (a block
         after it would be unreachable; the counts compared are read after every count, as
-        ``Writer._admitted`` reads them), then the request is touched leaf first. The segmented
-        shadow's victim is the probation segment's least recent block, once the protected segment
-        has been trimmed to ``PROTECTED`` of the cache (its least recent blocks go back to probation
-        as its most recent: as :meth:`Tier.trim_frequent <tierkv._engine._residency.Tier.trim_frequent>`
-        does before the library picks a victim), or the protected one's when that block is the
-        request's own (see :meth:`_slru_victim`); a block its ARC ghost lists remember comes back
-        protected (the library keeps one :class:`~tierkv.scheduler._arc.ArcTarget` for ARC and this
-        mode, the shadow its own)."""
+        ``Writer._admitted`` reads them), then the request is touched leaf first. An approximation:
+        after a ``lookup`` the library counts and promotes the held blocks only when the put records
+        its access, after the missed ones are stored, so the two differ where a sketch aging falls
+        inside a request or a held block would be the victim (within 0.5 points of the library held
+        in the mode on the lab's shapes, ``tests/test_segmented.py``). The segmented
+        shadow's victim is the probation segment's least recent block, or the protected one's when
+        that block is the request's own (see :meth:`_slru_victim`); once the request is touched, a full
+        cache's protected segment is trimmed to ``PROTECTED`` of it (its least recent blocks go back
+        to probation as its most recent), as :meth:`Tier.trim_frequent
+        <tierkv._engine._residency.Tier.trim_frequent>` does when the library has recorded a
+        request's access (a block demoted in the middle of a put would land behind the put's own
+        new blocks, where the victim search no longer looks). A block its ARC ghost lists remember
+        comes back protected (the library keeps one :class:`~tierkv.scheduler._arc.ArcTarget` for
+        ARC and this mode, the shadow its own)."""
         sb, rec, freq, cap = self._buf_b, self._adm, self._adm_freq, self._cap
         seg, prob, prot, ghosts = self._slru, self._slru_p, self._slru_q, self._slru_ghosts
         h = hs = lo = 0
@@ -620,20 +626,20 @@ class TauAdapter:
                 p = seg.get(b)
                 if p is not None:
                     (prot if p else prob).move_to_end(b)
+            limit = int(self.PROTECTED * len(seg)) if len(seg) >= cap else len(seg)  # trimmed once full
+            while len(prot) > limit:
+                b, _ = prot.popitem(last=False)
+                prob[b] = None
+                seg[b] = False
             lo = hi
         return h, hs
 
     def _slru_victim(self, own: Container[int]) -> int:
-        """The segmented shadow's next victim (it must hold a block), after trimming its protected
-        segment to ``PROTECTED`` of the blocks held: the probation segment's least recent block,
-        unless that is one of the current request's ``own`` (then every later one is: the library
-        passes over a put's own blocks and leaves that list at the first), else the protected one's."""
-        seg, prob, prot = self._slru, self._slru_p, self._slru_q
-        limit = int(self.PROTECTED * len(seg))
-        while len(prot) > limit:
-            b, _ = prot.popitem(last=False)
-            prob[b] = None
-            seg[b] = False
+        """The segmented shadow's next victim (it must hold a block): the probation segment's least
+        recent block, unless that is one of the current request's ``own`` (then every later one is:
+        the request's new blocks are probation's most recent, and the library passes over a put's
+        own blocks and leaves that list at the first), else the protected one's."""
+        prob, prot = self._slru_p, self._slru_q
         if prob:
             v = next(iter(prob))
             if v not in own or not prot:
