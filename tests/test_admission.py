@@ -288,3 +288,27 @@ def test_a_change_point_hands_the_cache_back_to_lru_at_once(z: float, monkeypatc
     assert first_off == (1 if z < math.inf else 4), first_off
     assert not any(after[-1000:])
     assert ad._rec_fast > 1.5 * max(ad._adm_hits, ad._slru_hits)
+
+
+@pytest.mark.parametrize("on_recency", [True, False])
+def test_a_change_point_switches_the_recency_mode_only_while_the_cache_follows_recency(on_recency: bool) -> None:
+    """The recent counts show the admission shadow far ahead (a change point) while the slow counts
+    are level (no switch on them). On recency the admission mode takes over at once and the slow counts
+    restart from the recent ones; on the predictor (its counts also weigh recency against the real
+    cache) nothing moves."""
+    ad = TauAdapter((300.0,), 300.0, 64, every=32, recency=True, bypass=False)
+    ad.recency_mode = on_recency
+    ad._rec_fast = ad._adm_hits = ad._slru_hits = ad._arc_hits = 100.0
+    ad._jump = [0.0, 50.0, 0.0, 0.0]
+    ad._choose_recency()
+    assert ad.admit_mode == on_recency and not (ad.slru_mode or ad.arc_mode)
+    assert (ad._adm_hits != 100.0) == on_recency and ad._rec_fast == (0.0 if on_recency else 100.0)
+
+
+@pytest.mark.parametrize("mode", ["admit_mode", "slru_mode", "arc_mode"])
+def test_a_resize_leaves_every_recency_sub_mode(mode: str) -> None:
+    """A new capacity empties the shadows their counts describe, so the sub-mode chosen on them goes."""
+    ad = TauAdapter((300.0,), 300.0, 64, every=32, recency=True, bypass=False)
+    setattr(ad, mode, True)
+    ad.resize(128)
+    assert not (ad.admit_mode or ad.slru_mode or ad.arc_mode)
