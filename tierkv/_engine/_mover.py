@@ -91,11 +91,11 @@ class Mover:
 
         The batch sheds only where that sheds what the blocks stored one by one would each have
         made room for, in the same order: the policy is not on ARC or the segmented LRU (whose
-        victims depend on each block stored before them); no partial last blocks are stored (every block one size, so no
-        victim frees more than a block needs); the tier is the bottom one (its victims are
-        dropped, and never the blocks the calling put keeps; above it a put's own blocks, among
-        them its earlier batches' new ones, may move down, one by one each new block pushing
-        out the one before it). Otherwise, or when a victim picked is of another size, or a key
+        victims depend on each block stored before them); no partial last blocks are stored
+        (every block one size, so no victim frees more than a block needs); the tier is the
+        bottom one (its victims are dropped, and never the blocks the calling put keeps; above it
+        a put's own blocks, among them its earlier batches' new ones, may move down, one by one
+        each new block pushing out the one before it). Otherwise, or when a victim picked is of another size, or a key
         is reserved or stored there already, or the tier stays too full or fragmented, it
         returns [] (in the last cases having shed at most the victims the one-by-one path sheds
         first)."""
