@@ -126,7 +126,9 @@ def test_adapter_rejects_bad_mode_parameters() -> None:
 
 def test_adapter_trials_cost_about_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where prediction misleads, the predictor's stays cost about the exploration budget (1% of
-    recency's sampled leading hits) plus one stay, and far less than backing off alone allowed."""
+    recency's sampled leading hits) plus one stay, and far less than backing off alone allowed
+    (trials on: they are off by default)."""
+    monkeypatch.setattr(TauAdapter, "_TRIALS", True)
     ad = TauAdapter((300.0,), 300.0, 24, every=8, recency=True, bypass=False)
     _drive(ad, _flipped(8000, 0.0))
     trials = sum(1 for _, t in ad.trace if t != math.inf)
@@ -137,6 +139,25 @@ def test_adapter_trials_cost_about_the_budget(monkeypatch: pytest.MonkeyPatch) -
     _drive(unbudgeted, _flipped(8000, 0.0))
     assert sum(1 for _, t in unbudgeted.trace if t != math.inf) > trials
     assert ad._loss < 0.5 * unbudgeted._loss, (ad._loss, unbudgeted._loss)  # (measured: 97 vs 351)
+
+
+@pytest.mark.parametrize("trials", [False, True])
+def test_without_trials_only_the_predictors_shadow_lead_hands_it_the_cache(
+    trials: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On recency, the wait over and the budget unspent, a predictor's shadow level with recency's best
+    (no lead) starts a trial only with trials on (off by default); a lead by the margin hands the
+    predictor the cache either way."""
+    monkeypatch.setattr(TauAdapter, "_TRIALS", trials)
+    for lead in (1.0, 1.5):
+        ad = TauAdapter((300.0,), 300.0, 24, every=8, recency=True, bypass=False)
+        ad.recency_mode = True
+        ad._wait, ad._loss, ad._cost, ad._rec_total = 1, 0.0, 0.0, 1000.0
+        ad._rec_hits, ad._adm_slow, ad._slru_slow, ad._arc_slow = 10.0, 0.0, 0.0, 0.0
+        ad._hits[0] = 10.0 * lead
+        got = ad._choose_mode(0.0, 0)
+        assert (got == 300.0) == (trials or lead > 1.0), (lead, got)
+        assert ad.recency_mode == (got is None)
 
 
 def test_adapter_without_signal_scores_alike() -> None:

@@ -132,6 +132,7 @@ class TauAdapter:
     _BACKOFF_MAX = 1024
     _REGRET = 0.01  # the exploration budget: a fraction of recency's sampled leading hits (see _choose_mode)
     _RECOVER = 32  # decisions on recency after a stay on the predictor that are still charged to it
+    _TRIALS = False  # trials of the predictor without its shadow's lead (off: see _choose_mode)
     PROTECTED = 0.8  # the segmented mode's protected share of the cache (as W-TinyLFU's main cache)
     _JUMP_DECAY = 0.5  # the recency shadows' recent hits (about the last two decisions: change points)
     _JUMP_Z = 4.0  # how many standard deviations a recent lead must reach to count as a change point
@@ -451,9 +452,15 @@ class TauAdapter:
           where recency wins (on the bursty shape, recency's 5-7% per decision would need dozens of
           decisions to pay back an uncapped lead);
         * on recency, the predictor gets the cache back when its (pessimistic) shadow leads by the
-          margin anyway, or for a *trial* once ``_wait`` decisions have passed: both counts restart
-          equal, and a trial that fails doubles the wait (up to ``_BACKOFF_MAX``), one that lasts
-          ``_TRIAL`` decisions resets it;
+          margin anyway, or, with ``_TRIALS`` on, for a *trial* once ``_wait`` decisions have passed:
+          both counts restart equal, and a trial that fails doubles the wait (up to
+          ``_BACKOFF_MAX``), one that lasts ``_TRIAL`` decisions resets it. Trials are off: on the
+          lab's 93 rows (``benchmarks/lab_table.py`` at seeds 7, 11, 13 with the Mooncake trace, and
+          at 17, 19) they cost more than they found, 12 and 8 rows below the best classical policy
+          with them against 7 and 7 without, and without them no row lost more than 0.3 points
+          (``benchmarks/results/2026-12-05-session13.txt``): a failed trial and the recovery after
+          it cost 1-2 points, as much as the margins at 10% capacity. The shadow's lead alone hands
+          the predictor the cache, and its stays are charged as below;
         * and a trial must fit the *exploration budget*: the real cache's net loss against recency's
           best shadow (per decision, the best of the four shadows' sampled leading hits in that
           decision) over every decision it spent on the predictor so far, and over the ``_RECOVER``
@@ -486,7 +493,9 @@ class TauAdapter:
         if self.recency_mode:
             self._wait -= 1
             trial = cur_hits <= rec * (1.0 + self._margin)
-            if trial and (self._wait > 0 or self._loss + self._cost > self._REGRET * self._rec_total):
+            if trial and (
+                not self._TRIALS or self._wait > 0 or self._loss + self._cost > self._REGRET * self._rec_total
+            ):
                 return None
             self._live_hits = self._recency_best()  # from now on the real cache answers for the predictor
             if trial:  # the evidence restarts level
