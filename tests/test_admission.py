@@ -126,18 +126,25 @@ def _turns(n: int) -> list[list[int]]:
     """Conversations: each new session's prompt comes back, one block longer, two requests later and
     then never again: first accesses are the ones reused (an LRU of 24 holds them), the filter keeps
     them out."""
-    reqs: list[list[int]] = []
+    return [r for step in _turn_steps(n, 1) for r in step]
+
+
+def _turn_steps(n: int, first: int) -> list[list[list[int]]]:
+    """Per step: a new 3-block prompt (ids from ``first`` on), and from the third step on the prompt
+    of two steps before, one block longer."""
+    steps: list[list[list[int]]] = []
     sessions: list[list[int]] = []
-    nxt = 1
+    nxt = first
     for _ in range(n):
         s = list(range(nxt, nxt + 3))
         nxt += 3
         sessions.append(s)
-        reqs.append(s)
+        step = [s]
         if len(sessions) > 2:
-            reqs.append([*sessions[-3], nxt])
+            step.append([*sessions[-3], nxt])
             nxt += 1
-    return reqs
+        steps.append(step)
+    return steps
 
 
 def test_admission_turns_on_where_blocks_come_back_beyond_what_recency_keeps() -> None:
@@ -258,17 +265,8 @@ def _hot_and_turns(n: int, seed: int = 2) -> list[list[int]]:
     longer, two prompts later: LRU keeps both; the filter keeps the hot set but refuses the prompts."""
     rnd = random.Random(seed)
     reqs: list[list[int]] = []
-    sessions: list[list[int]] = []
-    nxt = 7_000_000
-    for _ in range(n):
-        reqs += [[8_000_000 + rnd.randrange(30)], [8_000_000 + rnd.randrange(30)]]
-        s = list(range(nxt, nxt + 3))
-        nxt += 3
-        sessions.append(s)
-        reqs.append(s)
-        if len(sessions) > 2:
-            reqs.append([*sessions[-3], nxt])
-            nxt += 1
+    for step in _turn_steps(n, 7_000_000):
+        reqs += [[8_000_000 + rnd.randrange(30)], [8_000_000 + rnd.randrange(30)], *step]
     return reqs
 
 

@@ -426,8 +426,8 @@ class SchedulerState:
         """Whether victims come from a segmented LRU (the adaptive policy while it follows recency and
         its segmented admission shadow beats the other recency shadows; :attr:`admit` is on too): the
         tiers' ARC lists serve as probation (recent) and protected (frequent) segments, the protected
-        one trimmed to ``TauAdapter.PROTECTED`` of the tier before a victim is picked
-        (``Mover.pick_victims``)."""
+        one of a full tier trimmed to ``TauAdapter.PROTECTED`` of it once a request's access is
+        recorded (``Reader._trim_protected``)."""
         ad = self.tau_adapter
         return ad is not None and ad.slru_mode and ad.recency_mode and self.arc_target is not None
 

@@ -315,10 +315,13 @@ class Reader:
         blocks demoted then would land behind the put's own new blocks, where the victim search
         leaves probation (:meth:`Mover.pick_victims <tierkv._engine._mover.Mover.pick_victims>`)."""
         s = self.s
+        share = TauAdapter.PROTECTED
         for t in s.tiers:
+            if t.arc[1].n <= int(share * t.lru.n):
+                continue  # within its share: nothing to trim (and no stats to read)
             st = t.backend.stats()  # (in memory)
             if st.used_bytes + s.block_nbytes > t.high * st.capacity_bytes:
-                t.trim_frequent(TauAdapter.PROTECTED)
+                t.trim_frequent(share)
 
     async def read_blocks(self, entries: list[Entry], served: list[int]) -> list[memoryview | BaseException]:
         """Read every entry's bytes, batched per tier; a failure is returned in

@@ -615,19 +615,13 @@ class TauAdapter:
                 if freq.get(b) <= victim:
                     break
                 back = ghosts.returning(b)
-                if back:
-                    prot[b] = None
-                else:
-                    prob[b] = None
+                (prot if back else prob)[b] = None
                 seg[b] = back
                 if len(seg) > cap:
                     v = self._slru_victim(own)
-                    if seg.pop(v):
-                        del prot[v]
-                        ghosts.lost(v, True, len(prob))
-                    else:
-                        del prob[v]
-                        ghosts.lost(v, False, len(prob))
+                    frequent = seg.pop(v)
+                    del (prot if frequent else prob)[v]
+                    ghosts.lost(v, frequent, len(prob))
             for x in range(lo, hi):
                 b = sb[x]
                 if b in rec:
