@@ -297,16 +297,16 @@ def test_a_change_point_switches_the_recency_mode_only_while_the_cache_follows_r
     ad = TauAdapter((300.0,), 300.0, 64, every=32, recency=True, bypass=False)
     ad.recency_mode = on_recency
     ad._rec_fast = ad._adm_hits = ad._slru_hits = ad._arc_hits = 100.0
-    ad._jump = [0.0, 50.0, 0.0, 0.0]
+    ad._jump = [0.0, 50.0, 0.0, 0.0, 0.0]
     ad._choose_recency()
     assert ad.admit_mode == on_recency and not (ad.slru_mode or ad.arc_mode)
     assert (ad._adm_hits != 100.0) == on_recency and ad._rec_fast == (0.0 if on_recency else 100.0)
 
 
-@pytest.mark.parametrize("mode", ["admit_mode", "slru_mode", "arc_mode"])
+@pytest.mark.parametrize("mode", ["admit_mode", "slru_mode", "arc_mode", "session_mode"])
 def test_a_resize_leaves_every_recency_sub_mode(mode: str) -> None:
     """A new capacity empties the shadows their counts describe, so the sub-mode chosen on them goes."""
     ad = TauAdapter((300.0,), 300.0, 64, every=32, recency=True, bypass=False)
     setattr(ad, mode, True)
     ad.resize(128)
-    assert not (ad.admit_mode or ad.slru_mode or ad.arc_mode)
+    assert not (ad.admit_mode or ad.slru_mode or ad.arc_mode or ad.session_mode)

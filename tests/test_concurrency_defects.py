@@ -173,7 +173,8 @@ async def run_random_workload(
     ``partial_blocks`` (tails stored); ``force`` (adaptive policy, the caller keeps the adapter
     from switching): the cache follows recency with the frequency admission filter on
     (``"admission"``: it must have cut at least one put, ``counts["filtered"]``) or by ARC
-    (``"arc"``: ARC must have chosen victims at least once, ``counts["filtered"]``); ``one_tier``: a
+    (``"arc"``: ARC must have chosen victims at least once, ``counts["filtered"]``) or by its session
+    shadow (``"session"``: the shadow must have cut at least one put); ``one_tier``: a
     single DRAM tier, the fastest tier is the bottom one, so a full tier makes room for a put's
     batch at once (``Mover.allocate_many_with_room``: it must have shed for a batch at least once,
     ``counts["batch_sheds"]``; no durable puts)."""
@@ -205,6 +206,20 @@ async def run_random_workload(
                 return out
 
             writer._admitted = counting  # type: ignore[method-assign]
+        elif force == "session":
+            ad = kv._sched.tau_adapter
+            assert ad is not None and kv._sched.session is not None
+            ad.session_mode = ad.recency_mode = kv._sched.recency = True
+            assert kv._sched.session_mode and not (kv._sched.admit or kv._sched.arc)
+            ses_writer = kv._s.writer
+            followed = ses_writer._followed
+
+            def session_counting(keys: Any, todo: list[int], missed: list[bool]) -> tuple[list[int], list[bool]]:
+                out = followed(keys, todo, missed)
+                counts["filtered"] += len(out[0]) < len(todo)  # a put cut where the shadow declined
+                return out
+
+            ses_writer._followed = session_counting  # type: ignore[method-assign]
         elif force == "arc":
             ad = kv._sched.tau_adapter
             assert ad is not None and kv._sched.arc_target is not None
@@ -329,14 +344,15 @@ async def test_random_concurrency_invariants_one_tier_batched_sheds(tmp_path: Pa
     await run_random_workload(tmp_path, tasks=64, seconds=4.0, seed=3, policy=policy, one_tier=True)
 
 
-@pytest.mark.parametrize("force", ["admission", "segmented", "arc"])
+@pytest.mark.parametrize("force", ["admission", "segmented", "arc", "session"])
 async def test_random_concurrency_invariants_with_admission_or_arc(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, force: str
 ) -> None:
     """The adaptive policy held on recency with its frequency admission filter on (in front of an LRU or
-    of the segmented LRU), or on ARC (three tiers, default watermarks, the service running): puts the
-    filter cuts, or ARC's or the segments' victims, under cancels at random points, keep every
-    invariant (ARC's lists, the segments, included) and every byte."""
+    of the segmented LRU), on ARC, or on its session shadow (three tiers, default watermarks, the
+    service running): puts the filter or the session shadow cuts, or ARC's or the segments' victims,
+    under cancels at random points, keep every invariant (ARC's lists, the segments, included) and
+    every byte."""
     from tierkv.scheduler import TauAdapter
 
     monkeypatch.setattr(TauAdapter, "_choose_mode", lambda self, now, cur: None)

@@ -200,9 +200,11 @@ def test_lru_and_predictive_policies_keep_their_mode() -> None:
 
 
 # ------------------------------------------------------------------ the library, driven through its API
-def _prefix_rate(trace_path: str, capacity: int, policy: str) -> float:
+def _prefix_rate(trace_path: str, capacity: int, policy: str, *, session: bool = True) -> float:
     tr = load_trace(trace_path)
     pol = LibraryPolicy(capacity, policy=policy, name=policy)
+    if not session:  # as ``scheduler.session_shadow = false`` (the shadow is made with the capacity)
+        pol.kv._sched.session = None
     try:
         raw = replay(tr, pol, split_time=tr.times[0] + 0.4 * (tr.times[-1] - tr.times[0]))
     finally:
@@ -212,12 +214,19 @@ def _prefix_rate(trace_path: str, capacity: int, policy: str) -> float:
 
 @pytest.mark.parametrize("capacity", [100, 300])
 def test_library_adaptive_converges_to_recency_without_signal(tmp_path: object, capacity: int) -> None:
+    """Documents picked uniformly at random (no feature says anything about the next use): without the
+    session shadow the adaptive policy scores as LRU (within a point). With it (the default) it is at
+    least LRU's: the session shadow keeps documents' leading blocks (it evicts leaves of the prefix tree
+    first), which under the prefix hit rate is worth more than their later blocks, and at 300 blocks
+    it leads (the lab's ``lab-tierkv-session`` 0.311 against LRU's 0.260, ARC's 0.279)."""
     path = f"{tmp_path}/noise.jsonl"
     write_synthetic(path, "noise", seed=5, sessions=150)  # 600 requests, ~1,500 block accesses
     lru = _prefix_rate(path, capacity, "lru")
+    four = _prefix_rate(path, capacity, "adaptive", session=False)
     ada = _prefix_rate(path, capacity, "adaptive")
     assert lru > 0.05
-    assert abs(ada - lru) <= 0.01, (ada, lru)
+    assert abs(four - lru) <= 0.01, (four, lru)
+    assert ada >= lru - 0.01, (ada, lru)
 
 
 def test_library_adaptive_parent_before_child() -> None:

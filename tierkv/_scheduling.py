@@ -38,6 +38,9 @@ field                      default      meaning
 ``queue``                  1024         pending background jobs (excess jobs are dropped, counted)
 ``prefetch_max_blocks``    256          the most blocks one ``prefetch`` (or ``hint(decode_position=)``)
                                         promotes, most urgent first (:class:`~tierkv.scheduler.PrefetchPlanner`)
+``session_shadow``         true         (adaptive policy) run the session shadow and let the cache
+                                        follow it when it scores best (see below; about 1.2-1.8 KB
+                                        of memory per block of capacity); false: four recency modes
 ``predictor``              {}           :class:`~tierkv.scheduler.PredictorConfig` fields
 ``breaker``                {}           failure_threshold, cooldown_s, probe_successes
 ``placement``              {}           :class:`~tierkv.scheduler.PlacementConfig` fields
@@ -66,7 +69,11 @@ cache, so its shadow is only faithful while the cache follows it:
 (:attr:`SchedulerState.recency`) the tiers evict in their recency order and promote as
 the ``lru`` policy does; the predictive ranking is kept up to date all along, so a
 switch costs nothing. On a workload whose features carry no reuse signal the shadows
-score alike and the cache follows recency or an equivalent ranking.
+score alike and the cache follows recency or an equivalent ranking. The session shadow
+(:attr:`SchedulerState.session`, ``session_shadow``) is a whole renewal-process cache
+(:class:`~tierkv.scheduler.SessionPolicy`) fed every request's keys before its put stores;
+counted with the recency shadows, it hands the cache its own decisions when it leads
+(:attr:`SchedulerState.session_mode`; ``docs/scheduler.md``).
 
 Response length (``TierKV.hint(response_tokens=N)``, :meth:`SchedulerState.respond`):
 when the engine reports the length of the answer to a request (``tokens=``: that
@@ -123,6 +130,7 @@ from .scheduler._arc import ArcTarget
 from .scheduler._importance import BlockImportance
 from .scheduler._predictor import BLOCK_TYPES as _BT
 from .scheduler._response import ResponseModel, response_class
+from .scheduler._session import SessionPolicy
 
 __all__ = ["DEFAULT_TIER_PERFORMANCE", "RequestRecord", "SchedulerState", "TierPerf", "shadow_id"]
 
@@ -168,6 +176,7 @@ _KNOWN = frozenset(
         "fetch_wait_s",
         "queue",
         "prefetch_max_blocks",
+        "session_shadow",
         "predictor",
         "breaker",
         "placement",
@@ -240,12 +249,17 @@ class SchedulerState:
         self.sketch: FrequencySketch | None = None
         #: (adaptive policy) ARC's target and ghosts for the real cache (its lists are ``Tier.arc``)
         self.arc_target: ArcTarget | None = None
+        #: (adaptive policy) the session shadow: the renewal-process cache simulated at the real capacity
+        #: over every request (:meth:`observe_session`), followed in the session mode (:attr:`session_mode`)
+        self.session: SessionPolicy | None = None
         self.promote = opt_bool(options, "promote", True, prefix="scheduler")
         self.max_transfers = opt_int(options, "max_transfers_per_tier", 4, prefix="scheduler", minimum=1)
         self.max_fetches = opt_int(options, "max_concurrent_fetches", 64, prefix="scheduler", minimum=1)
         self.queue_size = opt_int(options, "queue", 1024, prefix="scheduler", minimum=1)
         #: the most blocks one ``prefetch`` plans (:class:`~tierkv.scheduler.PrefetchPlanner` budget)
         self.prefetch_max_blocks = opt_int(options, "prefetch_max_blocks", 256, prefix="scheduler", minimum=0)
+        #: (adaptive policy) whether the session shadow runs (:attr:`session`)
+        self.session_shadow = opt_bool(options, "session_shadow", True, prefix="scheduler")
         wait = options.get("fetch_wait_s")
         self.fetch_wait_s: float | None = (
             None if wait is None else opt_float(options, "fetch_wait_s", prefix="scheduler", minimum=0.0)
@@ -411,6 +425,12 @@ class SchedulerState:
                 self.arc_target = ArcTarget(blocks)
             else:
                 self.arc_target.resize(blocks)
+            if not self.session_shadow:
+                pass
+            elif self.session is None:
+                self.session = SessionPolicy(blocks, name="session", track=True)
+            else:  # (a smaller capacity evicts at its next request)
+                self.session.capacity = blocks
 
     @property
     def admit(self) -> bool:
@@ -438,6 +458,32 @@ class SchedulerState:
         more than ARC's target, else from their frequent lists (``Mover.pick_victims``)."""
         ad = self.tau_adapter
         return ad is not None and ad.arc_mode and ad.recency_mode and self.arc_target is not None
+
+    @property
+    def session_mode(self) -> bool:
+        """Whether the cache follows the session shadow (the adaptive policy while it follows recency and
+        its session shadow beats the other recency shadows): a put stores only the blocks the shadow
+        holds (``Writer.put_blocks``), victims are the blocks it dropped, oldest first, then the least
+        recently used (``Mover.pick_victims``)."""
+        ad = self.tau_adapter
+        return ad is not None and ad.session_mode and ad.recency_mode and self.session is not None
+
+    def observe_session(self, keys: Sequence[bytes], now: float, *, continuation: bool = False) -> None:
+        """One request of the blocks ``keys`` (raw keys, root first) for the session shadow, and its
+        sampled leading hits for the adaptive policy's choice (:meth:`TauAdapter.add_session`).
+        ``continuation``: the request continues the one that touched its first blocks (a put after
+        a get of the same request, a chunk put): no new turn. Synchronous; no-op without the shadow."""
+        ses, ad = self.session, self.tau_adapter
+        if ses is None or ad is None or not keys:
+            return
+        lead = 0
+        for k in keys:
+            if ad.sampled(int.from_bytes(k[:8], "big")):  # (shadow_id of its hex)
+                if not ses.holds(k):
+                    break
+                lead += 1
+        ad.add_session(lead)
+        ses.request(keys, now, False, continuation=continuation)
 
     def observe_ranked(self, block: int, cell: int, now: float, fanout: int = 0, hit: bool = False) -> None:
         """One block access, in the order the cache admits a request's blocks (leaf first): feeds

@@ -54,6 +54,11 @@ _LN4 = math.log(4.0)
 PEER_WINDOW_S = 1e-3
 
 
+def _hexkey(key: object) -> str:
+    """The index key of a session shadow's block id (the raw key bytes the store feeds it)."""
+    return key.hex() if isinstance(key, bytes) else str(key)
+
+
 class Mover:
     """Moves blocks between tiers and out of the store (see the module docstring)."""
 
@@ -347,7 +352,8 @@ class Mover:
     def pick_victims(self, ti: int, need: int, tenant: bytes | None = None, *, background: bool = False) -> list[Entry]:
         """Tier ``ti``'s blocks that should leave it first, until ``need`` bytes: the least
         recently used (LRU policy, adaptive on recency), ARC's (adaptive on ARC: :meth:`_arc_lists`),
-        the segmented LRU's (adaptive on it: probation, then protected)
+        the segmented LRU's (adaptive on it: probation, then protected), the session shadow's
+        (adaptive on it: the blocks it dropped, oldest first, then the least recently used)
         or lowest-keyed (predictive) serving copies, then the durable-only copies, oldest access
         first. Pinned blocks, blocks being relocated, (with ``tenant``) other tenants' blocks and,
         at the bottom tier, the blocks a put keeps (``Index.kept``: the calling put's own, or every
@@ -367,7 +373,32 @@ class Mover:
             return index.evictable(r, tenant, bottom=bottom, background=background)
 
         sched = self.s.sched
-        if sched.recency:  # the lru policy, or the adaptive one on recency now (LRU, ARC or segmented)
+        ses = sched.session if sched.session_mode else None
+        if ses is not None:  # the adaptive policy on its session shadow: what the shadow dropped first
+            dropped = ses.dropped
+            entries = index.entries
+            while dropped and (ses.holds(dropped[0]) or _hexkey(dropped[0]) not in entries):
+                dropped.popleft()  # held again, or gone from the store: forgotten
+            for key in dropped:
+                if freed >= need:
+                    break
+                e = entries.get(_hexkey(key))
+                if e is None or e.tier != ti or e.row < 0 or ses.holds(key):
+                    continue
+                size = want(e.row)
+                if size is not None:
+                    victims.append(e)
+                    freed += size
+            if freed < need:  # then the least recently used, as the LRU policy
+                taken = {v.row for v in victims}
+                for r in tier.lru.rows():
+                    if freed >= need:
+                        break
+                    size = want(r) if r not in taken else None
+                    if size is not None:
+                        victims.append(handle(cols, r))
+                        freed += size
+        elif sched.recency:  # the lru policy, or the adaptive one on recency now (LRU, ARC or segmented)
             if sched.arc:
                 lists: tuple[Recency, ...] = self._arc_lists(ti)
             elif sched.slru:

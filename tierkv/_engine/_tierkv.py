@@ -507,6 +507,9 @@ class TierKV:
             tail = self._tail(arr, keys, entries, reason, tid, tenant) if tails else None
             tail_tokens = 0
             rid = keys[-1].hex() if keys else None  # the request's id (Reader.record_access)
+            sched = self._s.sched
+            if sched.session is not None:  # the adaptive policy's session shadow sees every request
+                sched.observe_session(keys, sched.now())
             if tail is not None:
                 tail_tokens = self._s.index.tail_tokens(tail)
                 entries = [*entries, tail]

@@ -115,6 +115,17 @@ class Writer:
                 return todo[:j]
         return todo
 
+    def _followed(self, keys: list[bytes], todo: list[int], missed: list[bool]) -> tuple[list[int], list[bool]]:
+        """The session mode's admission (``SchedulerState.session_mode``): ``todo`` and ``missed`` up to
+        the first missed block the session shadow did not keep when it saw this request (a block after
+        it would be unreachable). Synchronous."""
+        ses = self.s.sched.session
+        assert ses is not None
+        for j, (i, m) in enumerate(zip(todo, missed, strict=True)):
+            if m and not ses.holds(keys[i]):
+                return todo[:j], missed[:j]
+        return todo, missed
+
     async def put_blocks(
         self,
         arr_tokens: np.ndarray[Any, Any],
@@ -163,7 +174,12 @@ class Writer:
                 existing += 1
                 self.s.index.touch(e)
                 own.append(e)
-        if todo and self.s.sched.sketch is not None:
+        sched = self.s.sched
+        if sched.session is not None:  # the adaptive policy's session shadow sees every request
+            sched.observe_session(keys, sched.now(), continuation=first > 0)
+            if todo and not durable and sched.session_mode:
+                todo, missed = self._followed(keys, todo, missed)
+        if todo and sched.sketch is not None:
             todo = self._admitted(keys, todo, missed, durable, tid)
         tiers_used: list[str] = []
         stored = 0

@@ -4,6 +4,8 @@
 * :class:`ResponseModel` -- per answer-length class calibration, applied when a request completes.
 * :class:`TauAdapter` -- online choice of the ranking's recency time constant by sampled shadow caches, and
   (adaptive policy) of recency, recency with frequency admission, or the predictor.
+* :class:`SessionPolicy` -- conversations as renewal processes ranked by learned hit density: the lab's
+  ``lab-tierkv-session`` and the adaptive policy's session shadow (:class:`SessionOptions`).
 * :class:`FrequencySketch` -- recent access counts per block (TinyLFU's history) for the admission filter.
 * :class:`HeadImportance` -- head-granular EMA attention importance (GQA max, MLA per layer).
 * :class:`PrefetchPlanner` -- RoPE-aware prefetch plan per layer class (sliding/global, sinks, importance);
@@ -59,6 +61,7 @@ from ._predictor import (
 )
 from ._prefetch import LayerClass, PrefetchPlan, PrefetchPlanner, PrefetchWindow, attention_span, layer_classes
 from ._response import ResponseModel, completion_time, response_class
+from ._session import SessionOptions, SessionPolicy, session_class
 from ._survival import RenewalHazard, age_bin, bin_lower_edges, hit_density, km_survival
 from ._tau import TauAdapter
 
@@ -68,6 +71,8 @@ __all__ = [
     "TRANSITIONS",
     "UNMEASURED_PESSIMISM",
     "BreakerState",
+    "SessionOptions",
+    "SessionPolicy",
     "CircuitBreaker",
     "FrequencySketch",
     "GateDecision",
@@ -107,6 +112,7 @@ __all__ = [
     "gate",
     "hit_density",
     "km_survival",
+    "session_class",
     "layer_classes",
     "is_protected",
     "parse_load_failure_policy",

@@ -106,6 +106,9 @@ class TauAdapter:
         "_recover",
         "_requests",
         "_sample",
+        "_ses_buf",
+        "_ses_hits",
+        "_ses_slow",
         "_since_compact",
         "_slru",
         "_slru_ghosts",
@@ -120,6 +123,7 @@ class TauAdapter:
         "arc_mode",
         "recency",
         "recency_mode",
+        "session_mode",
         "slru_mode",
         "tau",
         "taus",
@@ -223,9 +227,17 @@ class TauAdapter:
         self._arc_hits = 0.0
         self._arc_slow = 0.0
         self.arc_mode = False
+        # (with ``recency``) the session shadow (:class:`~tierkv.scheduler.SessionPolicy`, run by the
+        # caller on every request at the real capacity: :meth:`add_session`): its sampled leading hits
+        # since the last decision, and their counts (``mode_decay``, ``decay``); ``session_mode``: the
+        # cache follows it while it follows recency
+        self._ses_buf = 0
+        self._ses_hits = 0.0
+        self._ses_slow = 0.0
+        self.session_mode = False
         self._rec_fast = 0.0  # the LRU shadow's sampled hits decayed by ``mode_decay`` (vs _live_hits)
-        # the four recency shadows' (LRU, admission, segmented, ARC) hits decayed by _JUMP_DECAY
-        self._jump = [0.0, 0.0, 0.0, 0.0]
+        # the recency shadows' (LRU, admission, segmented, ARC, session) hits decayed by _JUMP_DECAY
+        self._jump = [0.0, 0.0, 0.0, 0.0, 0.0]
         # (with ``recency``) the exploration budget (see _choose_mode): recency's best shadow's sampled
         # hits since the start (undecayed); the real cache's net sampled loss against it over every
         # decision on the predictor and the ``_RECOVER`` decisions after each stay (negative: a gain);
@@ -263,7 +275,10 @@ class TauAdapter:
         self._rec.clear()
         self._rec_hits = 0.0
         self._rec_fast = 0.0
-        self._jump = [0.0, 0.0, 0.0, 0.0]
+        self._jump = [0.0, 0.0, 0.0, 0.0, 0.0]
+        self._ses_buf = 0
+        self._ses_hits = self._ses_slow = 0.0
+        self.session_mode = False
         self._adm.clear()
         self._adm_freq = FrequencySketch(cap)
         self._adm_hits = self._adm_slow = 0.0
@@ -307,6 +322,12 @@ class TauAdapter:
         self._buf_v.append(value + _OFFSET)
         self._buf_t.append(t)
         self._buf_h.append(hit)
+
+    def add_session(self, leading: int) -> None:
+        """The session shadow's sampled leading hits on one request (its blocks that :meth:`sampled`
+        selects, root first, up to the first one it did not hold): counted at the next decision
+        beside the sampled shadows' (``recency=True``; the caller runs the shadow)."""
+        self._ses_buf += leading
 
     def request(self, now: float) -> float | None:
         """One request was served (its sampled blocks added). Every ``every`` requests: serve the
@@ -411,11 +432,14 @@ class TauAdapter:
                 lo = hi
             self._arc_hits += h
             self._arc_slow += h
+            h_ses, self._ses_buf = self._ses_buf, 0
+            self._ses_hits += h_ses
+            self._ses_slow += h_ses
             jd, j = self._JUMP_DECAY, self._jump
-            for i, x in enumerate((h_lru, h_adm, h_slru, h)):
+            for i, x in enumerate((h_lru, h_adm, h_slru, h, h_ses)):
                 j[i] = j[i] * jd + x
             m = 1.0 + self._margin
-            best = max(float(h_lru), max(h_adm, h_slru, h) / m)  # recency's best shadow in this decision
+            best = max(float(h_lru), max(h_adm, h_slru, h, h_ses) / m)  # recency's best shadow in this decision
             self._rec_total += best
             if not self.recency_mode or self._recover > 0:
                 self._loss += best - self._live_buf
@@ -488,7 +512,7 @@ class TauAdapter:
         """
         hits = self._hits
         cur_hits = hits[cur] if cur >= 0 else max(hits)
-        rec = max(self._rec_hits, self._adm_slow, self._slru_slow, self._arc_slow)  # recency's best (candidates' decay)
+        rec = max(self._rec_hits, self._adm_slow, self._slru_slow, self._arc_slow, self._ses_slow)  # recency's best
         live = self._live_hits
         if self.recency_mode:
             self._wait -= 1
@@ -654,7 +678,7 @@ class TauAdapter:
         with admission, segmented LRU with admission and ARC, all but LRU discounted by the margin (only
         plain LRU is the safe side; and the best of four noisy sampled counts is biased upward)."""
         m = 1.0 + self._margin
-        return max(self._rec_fast, max(self._adm_hits, self._slru_hits, self._arc_hits) / m)
+        return max(self._rec_fast, max(self._adm_hits, self._slru_hits, self._arc_hits, self._ses_hits) / m)
 
     def _choose_recency(self) -> None:
         """Which recency the cache follows while on recency (``recency=True``): plain LRU, LRU with
@@ -675,27 +699,31 @@ class TauAdapter:
         switch back). On the synthetic ``agent_tools`` shape (seed 19, 5%) admission led during the dense
         first phase and fell 28 points below LRU in the sparse tail, where the slow counts took
         four decisions of the tail's twelve to follow (``benchmarks/results/2026-12-05-session13.txt``)."""
-        counts = [self._rec_fast, self._adm_hits, self._slru_hits, self._arc_hits]
-        modes = (self.admit_mode, self.slru_mode, self.arc_mode)
+        counts = [self._rec_fast, self._adm_hits, self._slru_hits, self._arc_hits, self._ses_hits]
+        modes = (self.admit_mode, self.slru_mode, self.arc_mode, self.session_mode)
         cur = 1 + modes.index(True) if True in modes else 0
         j = self._jump
-        b = max(range(4), key=j.__getitem__)
+        b = max(range(5), key=j.__getitem__)
         if self.recency_mode and b != cur and j[b] - j[cur] > self._JUMP_Z * math.sqrt(j[b] + j[cur]):
             scale = (1.0 - self._JUMP_DECAY) / (1.0 - self._mode_decay) if self._mode_decay < 1.0 else 1.0
-            self._rec_fast, self._adm_hits, self._slru_hits, self._arc_hits = (x * scale for x in j)
-            self.admit_mode, self.slru_mode, self.arc_mode = (i == b for i in range(1, 4))
+            self._rec_fast, self._adm_hits, self._slru_hits, self._arc_hits, self._ses_hits = (x * scale for x in j)
+            self._set_recency(b)
             return
         rec = counts[0]
         m = 1.0 + self._margin
-        best = max(range(1, 4), key=counts.__getitem__)
+        best = max(range(1, 5), key=counts.__getitem__)
         if cur == 0:  # on LRU
             if counts[best] > rec * m:
-                self.admit_mode, self.slru_mode, self.arc_mode = (i == best for i in range(1, 4))
+                self._set_recency(best)
             return
         if rec >= counts[cur]:
-            self.admit_mode = self.slru_mode = self.arc_mode = False
+            self._set_recency(0)
         elif counts[best] > counts[cur] * m:
-            self.admit_mode, self.slru_mode, self.arc_mode = (i == best for i in range(1, 4))
+            self._set_recency(best)
+
+    def _set_recency(self, mode: int) -> None:
+        """Follow recency mode ``mode``: 0 LRU, 1 admission, 2 segmented, 3 ARC, 4 session."""
+        self.admit_mode, self.slru_mode, self.arc_mode, self.session_mode = (i == mode for i in range(1, 5))
 
     def _choose(self, now: float) -> float | None:
         hits, taus = self._hits, self.taus
@@ -718,11 +746,13 @@ class TauAdapter:
         self._adm_slow *= d
         self._slru_slow *= d
         self._arc_slow *= d
+        self._ses_slow *= d
         md = self._mode_decay
         self._rec_fast *= md
         self._adm_hits *= md
         self._slru_hits *= md
         self._arc_hits *= md
+        self._ses_hits *= md
         self._live_hits *= md
         if not self.recency_mode:  # the predictor's banked lead is capped (see _choose_mode)
             self._live_hits = min(self._live_hits, self._recency_best() * (1.0 + self._lead_cap * (1.0 - md)))
