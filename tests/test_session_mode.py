@@ -34,7 +34,7 @@ def test_the_session_cache_forgets_what_it_no_longer_holds_within_a_bound() -> N
     bound, and what it dropped stays within ``2 x capacity + 1024``, whatever the number of requests."""
     cap = 8
     pol = SessionPolicy(cap, track=True)
-    limit = 4 * cap + 65536
+    limit = 2 * cap + 16384
     b = 0
     for i in range(40_000):
         ids = [b, b + 1, b + 2]
@@ -46,6 +46,19 @@ def test_the_session_cache_forgets_what_it_no_longer_holds_within_a_bound() -> N
     assert len(pol.fanout) <= limit + cap
     assert len(pol.dropped) <= 2 * cap + 1024
     assert pol.hz.periods <= pol.hz.max_periods
+
+
+def test_without_evictions_the_sessions_ranked_stay_as_many_as_the_held_blocks() -> None:
+    """A cache larger than the working set never evicts: the sessions it ranks (their lists, rescored every
+    second of the clock) stay at most the held blocks, not one per request, and so does the work."""
+    pol = SessionPolicy(1000, track=True)
+    rnd = random.Random(7)
+    for i in range(20_000):
+        n = rnd.randint(1, 8)
+        pol.request([rnd.randrange(50) * 100 + k for k in range(n)], i * 0.5, False)
+        assert len(pol.lists) <= len(pol.cache)
+    assert len(pol.owned) <= len(pol.cache) and sum(pol.owned.values()) == len(pol.cache)
+    assert len(pol.heap) <= 4 * len(pol.cache) + 64
 
 
 def test_a_returning_conversation_continues_its_session_after_its_blocks_left() -> None:
@@ -179,3 +192,73 @@ def test_session_shadow_false_runs_the_adaptive_policy_without_it() -> None:
     cfg["scheduler"]["session_shadow"] = "yes please"
     with pytest.raises(ConfigError, match="session_shadow"):
         SyncTierKV.open(cfg, scheduler=False)
+
+
+def test_a_get_then_its_put_are_one_request_for_the_session_shadow(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine's get of the stored prefix then its put (``start`` or not) are one request: one turn,
+    and the put counts only the blocks past what the get fed (its new blocks: no hit counted twice).
+    A get of prompts nobody stored feeds the shadow nothing (another tenant's blocks stay in it)."""
+    monkeypatch.setattr(TauAdapter, "_choose_mode", lambda self, now, cur: None)
+    monkeypatch.setattr(TauAdapter, "_choose_recency", lambda self: None)
+    counted: list[int] = []
+    add = TauAdapter.add_session
+
+    def recording(self: TauAdapter, leading: int) -> None:
+        counted.append(leading)
+        add(self, leading)
+
+    monkeypatch.setattr(TauAdapter, "add_session", recording)
+    pol = LibraryPolicy(64, policy="adaptive", name="adaptive")
+    try:
+        kv, sync = pol.kv, pol._sync
+        ses = kv._sched.session
+        assert ses is not None
+        zeros = np.zeros((1, 2, 16 * 6, 1, 64), dtype=np.float16)
+        b = 1000
+        for i in range(200):  # 6-block prompts whose first 3 blocks an earlier, shorter request stored
+            toks = tokens_of(list(range(b, b + 6)))
+            pol._clock[0] = float(i)
+            sync.put(toks[: 16 * 3], zeros[:, :, : 16 * 3])
+            assert sync.get(toks).tokens == 16 * 3
+            n = len(counted)
+            if i % 2:  # an engine's put of what it computed past the loaded prefix
+                sync.put(toks, zeros[:, :, 16 * 3 :], start=16 * 3)
+            else:
+                sync.put(toks, zeros)
+            assert counted[n:] == [0]  # the put's own new blocks only: none held
+            b += 6
+        periods = ses.hz.periods
+        # per prompt: the short request's period, the get's turn (its period and the leftover); a put
+        # taken for a new turn would add two more
+        assert periods <= 3 * 200 + 8, periods
+        held = set(ses.cache)
+        for i in range(50):  # gets of prompts nobody stored
+            sync.get(tokens_of(list(range(10**6 + 10 * i, 10**6 + 10 * i + 4))))
+        assert set(ses.cache) == held and ses.hz.periods == periods
+    finally:
+        pol.close()
+
+
+def test_a_block_the_shadow_dropped_twice_is_one_victim(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key can be in the shadow's drops twice (dropped, held again, dropped again): the victim search
+    returns it once, and the store's bytes and index stay consistent."""
+    monkeypatch.setattr(TauAdapter, "_choose_mode", lambda self, now, cur: None)
+    monkeypatch.setattr(TauAdapter, "_choose_recency", lambda self: None)
+    pol = _held_in_session(LibraryPolicy(8, policy="adaptive", name="adaptive"))
+    try:
+        kv = pol.kv
+        ses = kv._sched.session
+        assert ses is not None
+        for i in range(8):
+            pol.request([100 + i], float(i), False)
+        key = next(iter(ses.cache))
+        del ses.cache[key]  # (as if the shadow had dropped it, twice)
+        ses.dropped.extend([key, key])
+        ses.cache[key] = 0
+        del ses.cache[key]
+        victims = kv._s.mover.pick_victims(0, 3 * kv._s.block_nbytes)
+        rows = [v.row for v in victims]
+        assert len(rows) == len(set(rows)) == 3 and victims[0].key == key.hex()
+        assert kv.invariant_violations() == []
+    finally:
+        pol.close()

@@ -71,7 +71,7 @@ the ``lru`` policy does; the predictive ranking is kept up to date all along, so
 switch costs nothing. On a workload whose features carry no reuse signal the shadows
 score alike and the cache follows recency or an equivalent ranking. The session shadow
 (:attr:`SchedulerState.session`, ``session_shadow``) is a whole renewal-process cache
-(:class:`~tierkv.scheduler.SessionPolicy`) fed every request's keys before its put stores;
+(:class:`~tierkv.scheduler.SessionPolicy`) fed every request's keys before its put stores (and what a get found);
 counted with the recency shadows, it hands the cache its own decisions when it leads
 (:attr:`SchedulerState.session_mode`; ``docs/scheduler.md``).
 
@@ -250,8 +250,9 @@ class SchedulerState:
         #: (adaptive policy) ARC's target and ghosts for the real cache (its lists are ``Tier.arc``)
         self.arc_target: ArcTarget | None = None
         #: (adaptive policy) the session shadow: the renewal-process cache simulated at the real capacity
-        #: over every request (:meth:`observe_session`), followed in the session mode (:attr:`session_mode`)
+        #: over every request (:meth:`session_get`, :meth:`session_put`), followed in the session mode (:attr:`session_mode`)
         self.session: SessionPolicy | None = None
+        self._session_gets: OrderedDict[bytes, int] = OrderedDict()  # request id -> blocks its get fed
         self.promote = opt_bool(options, "promote", True, prefix="scheduler")
         self.max_transfers = opt_int(options, "max_transfers_per_tier", 4, prefix="scheduler", minimum=1)
         self.max_fetches = opt_int(options, "max_concurrent_fetches", 64, prefix="scheduler", minimum=1)
@@ -403,9 +404,10 @@ class SchedulerState:
         return out
 
     # ------------------------------------------------------------ adaptive tau
-    def set_capacity_blocks(self, blocks: int) -> None:
+    def set_capacity_blocks(self, blocks: int, *, held_blocks: int | None = None) -> None:
         """The cache's capacity in blocks (all tiers): sizes the adaptive ``tau``'s shadow caches
-        (made on the first call; no-op with the LRU policy or a fixed ``tau``)."""
+        (made on the first call; no-op with the LRU policy or a fixed ``tau``). ``held_blocks``: what
+        the tiers hold below their high watermarks (the session shadow's size; default ``blocks``)."""
         adaptive = self.policy == "adaptive"
         if self.policy == "lru" or not (self.tau_candidates or adaptive):
             return
@@ -425,12 +427,13 @@ class SchedulerState:
                 self.arc_target = ArcTarget(blocks)
             else:
                 self.arc_target.resize(blocks)
+            held = max(1, int(held_blocks if held_blocks is not None else blocks))
             if not self.session_shadow:
                 pass
             elif self.session is None:
-                self.session = SessionPolicy(blocks, name="session", track=True)
+                self.session = SessionPolicy(held, name="session", track=True)
             else:  # (a smaller capacity evicts at its next request)
-                self.session.capacity = blocks
+                self.session.capacity = held
 
     @property
     def admit(self) -> bool:
@@ -468,16 +471,43 @@ class SchedulerState:
         ad = self.tau_adapter
         return ad is not None and ad.session_mode and ad.recency_mode and self.session is not None
 
-    def observe_session(self, keys: Sequence[bytes], now: float, *, continuation: bool = False) -> None:
-        """One request of the blocks ``keys`` (raw keys, root first) for the session shadow, and its
-        sampled leading hits for the adaptive policy's choice (:meth:`TauAdapter.add_session`).
-        ``continuation``: the request continues the one that touched its first blocks (a put after
-        a get of the same request, a chunk put): no new turn. Synchronous; no-op without the shadow."""
+    _SESSION_GETS = 4096  # gets remembered until their request's put (session_put)
+
+    def session_get(self, keys: Sequence[bytes], found: int, now: float) -> None:
+        """A ``get`` of the blocks ``keys`` (raw keys, root first) that found the first ``found`` stored:
+        those are one request for the session shadow (the blocks it misses are not its to admit: a get
+        stores nothing, and a tenant's gets of prompts nobody stored must not push others' blocks out
+        of the shadow), remembered by the request's id (its last key) so that the put that completes
+        the request continues it (:meth:`session_put`). Synchronous; no-op without the shadow."""
+        if self.session is None or not keys or found <= 0:
+            return
+        self._observe_session(keys[:found], now, continuation=False, count_from=0)
+        gets = self._session_gets
+        gets[keys[-1]] = found
+        gets.move_to_end(keys[-1])
+        if len(gets) > self._SESSION_GETS:
+            gets.popitem(last=False)
+
+    def session_put(self, keys: Sequence[bytes], first: int, now: float) -> None:
+        """A ``put`` of the blocks ``keys`` from ``first`` on, before it stores anything: the request's
+        blocks for the session shadow. It continues the request (no new turn, and the blocks counted
+        already are not counted again) when a ``get`` of the same request came before it, or when it
+        starts past its first block (``start``: a chunk of a request whose earlier blocks were read or
+        stored already). Synchronous; no-op without the shadow."""
+        if self.session is None or not keys:
+            return
+        fed = self._session_gets.pop(keys[-1], None)
+        cont = fed is not None or first > 0
+        self._observe_session(keys, now, continuation=cont, count_from=max(first, fed or 0))
+
+    def _observe_session(self, keys: Sequence[bytes], now: float, *, continuation: bool, count_from: int) -> None:
+        """Feed the shadow one request (or its continuation) and the adaptive policy its sampled
+        leading hits over ``keys[count_from:]`` (:meth:`TauAdapter.add_session`)."""
         ses, ad = self.session, self.tau_adapter
-        if ses is None or ad is None or not keys:
+        if ses is None or ad is None:
             return
         lead = 0
-        for k in keys:
+        for k in keys[count_from:]:
             if ad.sampled(int.from_bytes(k[:8], "big")):  # (shadow_id of its hex)
                 if not ses.holds(k):
                     break

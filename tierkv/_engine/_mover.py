@@ -16,7 +16,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING
 
 import anyio
@@ -40,6 +41,7 @@ from ._residency import Recency
 from ._tags import checked_tag, checksum, retag, tag_exact, unpack_tag
 
 if TYPE_CHECKING:
+    from ..scheduler._session import SessionPolicy
     from ._store import Store
 
 log = logging.getLogger("tierkv")
@@ -66,6 +68,7 @@ class Mover:
         self.s = s
         self._tau = s.sched.tau_s
         self._importance = -1  # the BlockImportance version the keys were computed with
+        self._session_queues: list[deque[Hashable]] = []  # per tier: what the session shadow dropped
 
     async def allocate_with_room(self, ti: int, key: str, nbytes: int, tag: bytes) -> Allocation:
         """Allocate ``nbytes`` for ``key`` on tier ``ti``, shedding its lowest-ranked blocks
@@ -349,6 +352,53 @@ class Mover:
             return recent, frequent
         return frequent, recent
 
+    def _session_victims(
+        self, ses: SessionPolicy, ti: int, need: int, want: Callable[[int], int | None]
+    ) -> list[Entry]:
+        """Tier ``ti``'s blocks the session shadow dropped, oldest first, until ``need`` bytes (each
+        once). The shadow's :attr:`~tierkv.scheduler.SessionPolicy.dropped` is drained into one queue
+        per tier by each block's tier (a block the shadow holds again, or the store no longer holds, is
+        forgotten), and a queued block that moved to another tier moves to its queue: each drop is
+        looked at O(tiers) times, not once per victim search. A block not evictable now (pinned, kept
+        by a put) or picked stays queued. A queue past ``2 x capacity + 1024`` blocks forgets those
+        gone. Synchronous."""
+        entries = self.s.index.entries
+        queues = self._session_queues
+        n = len(self.s.tiers)
+        if len(queues) != n:
+            queues[:] = [deque() for _ in range(n)]
+        src = ses.dropped
+        while src:
+            key = src.popleft()
+            e = entries.get(_hexkey(key))
+            if e is not None and e.row >= 0 and not ses.holds(key):
+                queues[e.tier].append(key)
+        q = queues[ti]
+        out: list[Entry] = []
+        keep: list[Hashable] = []
+        seen: set[int] = set()
+        freed = 0
+        while q and freed < need:
+            key = q.popleft()
+            e = entries.get(_hexkey(key))
+            if e is None or e.row < 0 or ses.holds(key) or e.row in seen:
+                continue  # gone, held again, or queued twice
+            if e.tier != ti:
+                queues[e.tier].append(key)
+                continue
+            seen.add(e.row)
+            keep.append(key)  # (until it is gone: a victim a shed does not drop is still the first)
+            size = want(e.row)
+            if size is not None:
+                out.append(e)
+                freed += size
+        q.extendleft(reversed(keep))
+        limit = 2 * ses.capacity + 1024
+        for t, tq in enumerate(queues):
+            if len(tq) > limit:
+                queues[t] = deque(k for k in tq if _hexkey(k) in entries and not ses.holds(k))
+        return out
+
     def pick_victims(self, ti: int, need: int, tenant: bytes | None = None, *, background: bool = False) -> list[Entry]:
         """Tier ``ti``'s blocks that should leave it first, until ``need`` bytes: the least
         recently used (LRU policy, adaptive on recency), ARC's (adaptive on ARC: :meth:`_arc_lists`),
@@ -375,22 +425,12 @@ class Mover:
         sched = self.s.sched
         ses = sched.session if sched.session_mode else None
         if ses is not None:  # the adaptive policy on its session shadow: what the shadow dropped first
-            dropped = ses.dropped
-            entries = index.entries
-            while dropped and (ses.holds(dropped[0]) or _hexkey(dropped[0]) not in entries):
-                dropped.popleft()  # held again, or gone from the store: forgotten
-            for key in dropped:
-                if freed >= need:
-                    break
-                e = entries.get(_hexkey(key))
-                if e is None or e.tier != ti or e.row < 0 or ses.holds(key):
-                    continue
-                size = want(e.row)
-                if size is not None:
-                    victims.append(e)
-                    freed += size
+            taken: set[int] = set()
+            for e in self._session_victims(ses, ti, need, want):
+                victims.append(e)
+                taken.add(e.row)
+                freed += e.nbytes
             if freed < need:  # then the least recently used, as the LRU policy
-                taken = {v.row for v in victims}
                 for r in tier.lru.rows():
                     if freed >= need:
                         break

@@ -100,7 +100,13 @@ class Store:
         self.block_shape = self.spec.kv_shape(self.block_tokens)
         self.block_nbytes = int(np.prod(self.block_shape)) * self.dtype.itemsize
         # the adaptive tau's shadow caches model the whole cache (backend stats are in-memory)
-        self.sched.set_capacity_blocks(sum(b.stats().capacity_bytes for _, b in tiers) // max(1, self.block_nbytes))
+        caps = [b.stats().capacity_bytes for _, b in tiers]
+        self.sched.set_capacity_blocks(
+            sum(caps) // max(1, self.block_nbytes),
+            # the session shadow holds what the store can: the tiers up to their high watermarks
+            held_blocks=int(sum(t.high * c for t, c in zip(self.tiers, caps, strict=True)))
+            // max(1, self.block_nbytes),
+        )
         #: misses by the operator's view of their reason
         self.misses_by_reason: dict[str, int] = {}
         #: blocks copied up from the checkpoint named by ``open(restore=...)``

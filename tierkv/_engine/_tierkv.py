@@ -508,8 +508,8 @@ class TierKV:
             tail_tokens = 0
             rid = keys[-1].hex() if keys else None  # the request's id (Reader.record_access)
             sched = self._s.sched
-            if sched.session is not None:  # the adaptive policy's session shadow sees every request
-                sched.observe_session(keys, sched.now())
+            if sched.session is not None:  # the adaptive policy's session shadow: what the get found
+                sched.session_get(keys, len(entries), sched.now())
             if tail is not None:
                 tail_tokens = self._s.index.tail_tokens(tail)
                 entries = [*entries, tail]

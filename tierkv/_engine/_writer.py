@@ -176,7 +176,7 @@ class Writer:
                 own.append(e)
         sched = self.s.sched
         if sched.session is not None:  # the adaptive policy's session shadow sees every request
-            sched.observe_session(keys, sched.now(), continuation=first > 0)
+            sched.session_put(keys, first, sched.now())
             if todo and not durable and sched.session_mode:
                 todo, missed = self._followed(keys, todo, missed)
         if todo and sched.sketch is not None:

@@ -135,6 +135,7 @@ class SessionPolicy:
         "next_rescore",
         "next_sid",
         "opts",
+        "owned",
         "parent",
         "rc",
         "s_cls",
@@ -164,8 +165,9 @@ class SessionPolicy:
         self.rc: dict[Hashable, int] = {}  # resident block -> resident children
         self.deferred: set[Hashable] = set()  # resident blocks skipped because they had resident children
         self.toucher: dict[Hashable, int] = {}  # a request's leaf -> its session (bounded, oldest first)
-        self.fanout: dict[Hashable, int] = {}  # block a request extended -> distinct extensions (bounded)
+        self.fanout: dict[Hashable, int] = {}  # block a request extended -> requests that extended it (bounded)
         self.lists: dict[int, list[Hashable]] = {}  # live session -> its blocks, deepest last (stale skipped)
+        self.owned: dict[int, int] = {}  # live session -> how many held blocks it owns (gone at 0)
         self.heap: list[tuple[float, float, int, int]] = []  # (score, start, session, version)
         self.s_pid: dict[int, int] = {}
         self.s_cls: dict[int, int] = {}
@@ -203,6 +205,18 @@ class SessionPolicy:
         self.s_turn[sid] = turn
         self.since_refresh += 1
         return sid
+
+    def _disown(self, sid: int) -> None:
+        """One held block of ``sid`` left it (evicted, or now another session's): a session that owns
+        none any more is dropped from the ranking (its list and heap entry), so that without evictions
+        the sessions ranked stay as many as the held blocks, not the requests."""
+        c = self.owned[sid] - 1
+        if c:
+            self.owned[sid] = c
+            return
+        del self.owned[sid]
+        if self.lists.pop(sid, None) is not None:
+            self.s_ver[sid] += 1  # (its heap entry is stale now)
 
     def _own(self, b: Hashable, sid: int, now: float) -> None:
         lst = self.lists.get(sid)
@@ -260,6 +274,7 @@ class SessionPolicy:
     def _evict(self, sid: int, now: float) -> None:
         b = self.lists[sid].pop()
         del self.cache[b]
+        self._disown(sid)
         self.rc.pop(b, None)
         p = self.parent.pop(b)
         self._drop(b)
@@ -273,7 +288,7 @@ class SessionPolicy:
                 self._own(p, self.cache[p], now)
 
     def _bound(self) -> None:
-        """Forget the oldest leaves past ``4 x capacity + 65536`` remembered (down to half of that), the
+        """Forget the oldest leaves past ``2 x capacity + 16384`` remembered (down to half of that), the
         fanouts of blocks neither held nor remembered, and the sessions nothing refers to any more. A
         request whose blocks are all forgotten starts a new session, as a never-seen one does."""
         limit = 2 * self.capacity + 16384
@@ -287,6 +302,7 @@ class SessionPolicy:
         live = set(toucher.values())
         live.update(cache.values())
         live.update(self.lists)
+        live.update(self.owned)
         gone = [sid for sid in self.s_start if sid not in live]
         for sid in gone:
             del self.s_pid[sid], self.s_cls[sid], self.s_start[sid], self.s_turn[sid]
@@ -365,7 +381,11 @@ class SessionPolicy:
             b = ids[j]
             owner = tail_sid if (j == n - 1 and tail_sid >= 0) else sid
             if b in cache:
-                cache[b] = owner
+                old = cache[b]
+                if old != owner:
+                    cache[b] = owner
+                    self.owned[owner] = self.owned.get(owner, 0) + 1
+                    self._disown(old)
                 self._own(b, owner, now)
                 continue
             if not admit:
@@ -387,6 +407,7 @@ class SessionPolicy:
                 self._drop(b)
                 continue
             cache[b] = owner
+            self.owned[owner] = self.owned.get(owner, 0) + 1
             parent[b] = p
             if tree and p is not None and p != b:
                 rc[p] = rc.get(p, 0) + 1
