@@ -63,7 +63,7 @@ LRU -> Belady prefix-hit-rate gap the policy closes at that capacity, ``(p - p_l
 ``-no-fanout``, ``-no-bypass``, ``-no-size``, ``-no-decay``, ``-no-optgen``, ``-no-quick-step``, ``-no-shape``,
 ``-no-response`` (answer-length class), ``-no-completion`` (recency from completion), ``-no-response-signal``
 (both), ``lab-tierkv-fixed-tau`` (``tau`` fixed at its start value instead of adapted by shadow caches),
-and the experimental renewal-process policy ``lab-tierkv-session`` (:class:`~tierkv.lab.policies.SessionPolicy`)
+and the renewal-process policy ``lab-tierkv-session`` (:class:`~tierkv.lab.policies.SessionPolicy`, the library's session shadow)
 with ``lab-tierkv-session-no-hazard``, ``-no-classes``, ``-no-density``, ``-no-prefix-tree``, ``-no-bypass``,
 ``-no-tail`` (see :class:`~tierkv.lab.policies.SessionOptions`). Any ablation name is also accepted by
 ``--policies``.
@@ -134,7 +134,7 @@ ABLATIONS: dict[str, SessionOptions | TierKVOptions] = {
     "lab-tierkv-no-completion": TierKVOptions(completion=False),
     "lab-tierkv-no-response-signal": TierKVOptions(response=False, completion=False),
     "lab-tierkv-fixed-tau": TierKVOptions(shadow_taus=()),
-    # experimental renewal-process policy (SessionPolicy) and its ablations
+    # the renewal-process policy (SessionPolicy, the library's session shadow) and its ablations
     "lab-tierkv-session": SessionOptions(),
     "lab-tierkv-session-no-hazard": SessionOptions(hazard=False),
     "lab-tierkv-session-no-classes": SessionOptions(classes=False),

@@ -13,7 +13,7 @@ tierkv's own:
 
 * ``tierkv`` (:mod:`.tierkv`) -- :class:`TierKVPolicy`, driven by the library's
   :class:`~tierkv.scheduler.ReusePredictor`, and its ablations (:class:`TierKVOptions`).
-* ``tierkv-session`` (:mod:`.session`) -- the experimental renewal-process :class:`SessionPolicy`.
+* ``lab-tierkv-session`` (:mod:`.session`) -- the renewal-process :class:`SessionPolicy` (the class the library runs as its session shadow).
 """
 
 from .arc import ArcPolicy
