@@ -132,7 +132,7 @@ from .scheduler._predictor import BLOCK_TYPES as _BT
 from .scheduler._response import ResponseModel, response_class
 from .scheduler._session import SessionPolicy
 
-__all__ = ["DEFAULT_TIER_PERFORMANCE", "RequestRecord", "SchedulerState", "TierPerf", "shadow_id"]
+__all__ = ["DEFAULT_TIER_PERFORMANCE", "RequestRecord", "SchedulerState", "TierPerf", "raw_shadow_id", "shadow_id"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +159,11 @@ def shadow_id(key: str) -> int:
     re-puts, unlike the index's per-adoption ``bid``: a shadow must recognise a block the real cache
     dropped and stored again, or its hits depend on what the real cache did)."""
     return int(key[:16], 16)
+
+
+def raw_shadow_id(key: bytes) -> int:
+    """:func:`shadow_id` of a raw key (its first 8 bytes, big-endian), without hexing it."""
+    return int.from_bytes(key[:8], "big")
 
 
 _LN4 = math.log(4.0)  # the key boost of a protected shared prefix (as the mover's)
@@ -428,12 +433,10 @@ class SchedulerState:
             else:
                 self.arc_target.resize(blocks)
             held = max(1, int(held_blocks if held_blocks is not None else blocks))
-            if not self.session_shadow:
-                pass
-            elif self.session is None:
-                self.session = SessionPolicy(held, name="session", track=True)
-            else:  # (a smaller capacity evicts at its next request)
+            if self.session is not None:  # (a smaller capacity evicts at its next request)
                 self.session.capacity = held
+            elif self.session_shadow:
+                self.session = SessionPolicy(held, name="session", track=True)
 
     @property
     def admit(self) -> bool:
@@ -508,7 +511,7 @@ class SchedulerState:
             return
         lead = 0
         for k in keys[count_from:]:
-            if ad.sampled(int.from_bytes(k[:8], "big")):  # (shadow_id of its hex)
+            if ad.sampled(raw_shadow_id(k)):
                 if not ses.holds(k):
                     break
                 lead += 1

@@ -23,7 +23,7 @@ import numpy as np
 
 from .._device import is_device_tensor
 from .._keys import tail_key
-from .._scheduling import shadow_id
+from .._scheduling import raw_shadow_id, shadow_id
 from ..errors import CapacityError, InputError, TierUnavailableError
 from ._durable import BlockData, flat, nbytes_of
 from ._entry import handle
@@ -75,7 +75,7 @@ class Writer:
         sched = self.s.sched
         sk = sched.sketch
         assert sk is not None
-        ids = [shadow_id(keys[i].hex()) if n else 0 for i, n in zip(todo, new, strict=True)]
+        ids = [raw_shadow_id(keys[i]) if n else 0 for i, n in zip(todo, new, strict=True)]
         for sid, n in zip(ids, new, strict=True):
             if n:
                 sk.add(sid)
@@ -328,7 +328,7 @@ class Writer:
                 now = sched.now()
                 for i in range(len(keys) - 1, -1, -1):
                     if present[i] is None:
-                        sched.observe_ranked(shadow_id(keys[i].hex()), 0, now)
+                        sched.observe_ranked(raw_shadow_id(keys[i]), 0, now)
             # a chunk put (``start``): the blocks before it were read or stored by this request already
             request = keys[-1].hex() if keys else None
             if chunk and above is not None:
