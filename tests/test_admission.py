@@ -32,6 +32,25 @@ def test_sketch_counts_and_halves_every_window() -> None:
     assert sk.get(1) == 0 and sk.nbytes == 4 * 2**21
 
 
+def test_a_fresh_sketch_ages_as_tinylfus_reference_implementation() -> None:
+    """``fresh=True``: counters saturate at 15 and a saturated increment is not counted towards the
+    window; a halving halves the window's count, so every later halving comes after half a window."""
+    sk = FrequencySketch(4, window=4, fresh=True)  # a window of 16 increments
+    assert [sk.add(1) for _ in range(15)] == list(range(1, 16))
+    assert sk.add(1) == 15 and sk.add(1) == 15  # saturated: not counted
+    sk.add(2)  # the 16th counted increment: halved, the window's count restarts at 8
+    assert (sk.get(1), sk.get(2)) == (7, 0)
+    for _ in range(7):
+        sk.add(3)
+    assert sk.get(3) == 7
+    sk.add(3)  # 8 more: halved again
+    assert (sk.get(1), sk.get(3)) == (3, 4)
+    slow = FrequencySketch(4, window=4)  # the default: 8-bit counters, every halving after a whole window
+    for _ in range(24):
+        slow.add(1)
+    assert slow.get(1) == 24 - 16 // 2
+
+
 def test_a_copied_sketch_ages_its_own_counts() -> None:
     """A deep copy (or pickle) of a sketch is independent: its aging halves its own table, not the
     original's, and the original's leaves the copy alone (a view of the table kept across calls did
@@ -151,7 +170,7 @@ def test_admission_turns_on_where_blocks_come_back_beyond_what_recency_keeps() -
     ad = TauAdapter((300.0,), 300.0, 24, every=8, recency=True, bypass=False)
     modes = _drive(ad, _loop(6000))
     assert sum(modes[len(modes) // 2 :]) > 0.9 * (len(modes) - len(modes) // 2)
-    assert min(ad._adm_hits, ad._slru_hits) > 1.5 * max(ad._rec_fast, ad._arc_hits) and not ad.arc_mode
+    assert min(ad._adm_hits, ad._slru.hits) > 1.5 * max(ad._rec_fast, ad._arc_hits) and not ad.arc_mode
 
 
 def test_arc_takes_over_where_one_shot_bursts_flush_a_hot_set() -> None:
@@ -162,14 +181,14 @@ def test_arc_takes_over_where_one_shot_bursts_flush_a_hot_set() -> None:
         arc.append(ad.arc_mode)
     assert sum(arc[len(arc) // 2 :]) == len(arc) - len(arc) // 2
     assert ad._arc_hits > 1.5 * max(ad._rec_fast, ad._adm_hits) and not (ad.admit_mode or ad.slru_mode)
-    assert ad._arc_hits > ad._slru_hits  # (the segmented mode's protected segment keeps the hot set too)
+    assert ad._arc_hits > ad._slru.hits  # (the segmented mode's protected segment keeps the hot set too)
 
 
 def test_admission_stays_off_where_first_accesses_are_reused() -> None:
     ad = TauAdapter((300.0,), 300.0, 24, every=8, recency=True, bypass=False)
     modes = _drive(ad, _turns(3000))
     assert sum(modes) < 0.05 * len(modes), sum(modes)
-    assert ad._rec_fast > max(ad._adm_hits, ad._slru_hits) and not ad.arc_mode
+    assert ad._rec_fast > max(ad._adm_hits, ad._slru.hits) and not ad.arc_mode
 
 
 def test_a_full_store_admits_only_blocks_more_frequent_than_its_victim() -> None:
@@ -285,7 +304,7 @@ def test_a_change_point_hands_the_cache_back_to_lru_at_once(z: float, monkeypatc
     first_off = next(i for i, on in enumerate(after) if not on) // 32  # in decisions
     assert first_off == (1 if z < math.inf else 4), first_off
     assert not any(after[-1000:])
-    assert ad._rec_fast > 1.5 * max(ad._adm_hits, ad._slru_hits)
+    assert ad._rec_fast > 1.5 * max(ad._adm_hits, ad._slru.hits)
 
 
 @pytest.mark.parametrize("on_recency", [True, False])
@@ -296,8 +315,8 @@ def test_a_change_point_switches_the_recency_mode_only_while_the_cache_follows_r
     cache) nothing moves."""
     ad = TauAdapter((300.0,), 300.0, 64, every=32, recency=True, bypass=False)
     ad.recency_mode = on_recency
-    ad._rec_fast = ad._adm_hits = ad._slru_hits = ad._arc_hits = 100.0
-    ad._jump = [0.0, 50.0, 0.0, 0.0, 0.0]
+    ad._rec_fast = ad._adm_hits = ad._slru.hits = ad._arc_hits = 100.0
+    ad._jump = [0.0, 50.0, 0.0, 0.0, 0.0, 0.0]
     ad._choose_recency()
     assert ad.admit_mode == on_recency and not (ad.slru_mode or ad.arc_mode)
     assert (ad._adm_hits != 100.0) == on_recency and ad._rec_fast == (0.0 if on_recency else 100.0)

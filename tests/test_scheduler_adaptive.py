@@ -153,7 +153,7 @@ def test_without_trials_only_the_predictors_shadow_lead_hands_it_the_cache(
         ad = TauAdapter((300.0,), 300.0, 24, every=8, recency=True, bypass=False)
         ad.recency_mode = True
         ad._wait, ad._loss, ad._cost, ad._rec_total = 1, 0.0, 0.0, 1000.0
-        ad._rec_hits, ad._adm_slow, ad._slru_slow, ad._arc_slow = 10.0, 0.0, 0.0, 0.0
+        ad._rec_hits, ad._adm_slow, ad._slru.slow, ad._arc_slow = 10.0, 0.0, 0.0, 0.0
         ad._hits[0] = 10.0 * lead
         got = ad._choose_mode(0.0, 0)
         assert (got == 300.0) == (trials or lead > 1.0), (lead, got)

@@ -27,12 +27,15 @@ def _held(pol: LibraryPolicy, ids: list[int]) -> list[int]:
 
 
 def _held_in(pol: LibraryPolicy, mode: str) -> LibraryPolicy:
-    """``pol``'s adaptive policy held on recency in ``mode`` (``admit_mode``/``slru_mode``/``arc_mode``)."""
+    """``pol``'s adaptive policy held on recency in ``mode`` (``admit_mode``/``slru_mode``/``arc_mode``, or
+    ``fresh_mode``: the segmented mode by fresh counts)."""
     kv = pol.kv
     ad = kv._sched.tau_adapter
     assert ad is not None
-    ad.admit_mode = ad.slru_mode = ad.arc_mode = False
+    ad.admit_mode = ad.slru_mode = ad.arc_mode = ad.fresh_mode = False
     setattr(ad, mode, True)
+    if mode == "fresh_mode":
+        ad.slru_mode = True
     ad.recency_mode = kv._sched.recency = True
     return pol
 
@@ -105,9 +108,9 @@ def test_the_protected_segment_of_a_full_tier_is_trimmed_to_its_share_when_a_req
 
 
 @pytest.mark.parametrize("shape", ["sysprompt", "chat"])
-@pytest.mark.parametrize(("mode", "count"), [("slru_mode", "_slru_slow"), ("admit_mode", "_adm_slow")])
+@pytest.mark.parametrize("mode", ["slru_mode", "fresh_mode", "admit_mode"])
 def test_the_admission_shadows_predict_the_library_held_in_their_mode(
-    shape: str, mode: str, count: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    shape: str, mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An unsampled shadow (every block, the real capacity, counts never decayed) replays a synthetic trace
     to within half a point of prefix hit rate of a real TierKV held in the mode it models: the adaptive
@@ -140,7 +143,8 @@ def test_the_admission_shadows_predict_the_library_held_in_their_mode(
             return 0, 0
 
     replay(tr, Shadow(), split_time=0.0)  # type: ignore[arg-type]
-    shadow = getattr(sh, count) / raw["accesses"]
+    counts = {"slru_mode": sh._slru.slow, "fresh_mode": sh._fslru.slow, "admit_mode": sh._adm_slow}
+    shadow = counts[mode] / raw["accesses"]
     assert lib > 0.1
     assert abs(shadow - lib) < 0.005, (shadow, lib)
 
@@ -151,12 +155,12 @@ def test_the_recency_sub_mode_follows_the_best_shadow_with_hysteresis() -> None:
     takes the cache back as soon as it is at least the current one."""
     ad = TauAdapter((300.0,), 300.0, 100, recency=True)
 
-    def step(rec: float, adm: float, slru: float, arc: float) -> str:
-        ad._rec_fast, ad._adm_hits, ad._slru_hits, ad._arc_hits = rec, adm, slru, arc
+    def step(rec: float, adm: float, slru: float, arc: float, fresh: float = 0.0) -> str:
+        ad._rec_fast, ad._adm_hits, ad._slru.hits, ad._arc_hits, ad._fslru.hits = rec, adm, slru, arc, fresh
         ad._choose_recency()
-        modes = [ad.admit_mode, ad.slru_mode, ad.arc_mode]
-        assert sum(modes) <= 1
-        return ("adm", "slru", "arc")[modes.index(True)] if True in modes else "lru"
+        modes = [ad.admit_mode, ad.slru_mode and not ad.fresh_mode, ad.arc_mode, ad.fresh_mode]
+        assert sum(modes) <= 1 and (ad.slru_mode or not ad.fresh_mode)
+        return ("adm", "slru", "arc", "fresh")[modes.index(True)] if True in modes else "lru"
 
     assert step(100, 101, 101.5, 100) == "lru"  # within the margin (2%)
     assert step(100, 101, 103, 102.5) == "slru"
@@ -165,6 +169,9 @@ def test_the_recency_sub_mode_follows_the_best_shadow_with_hysteresis() -> None:
     assert step(100, 107, 103, 106) == "arc"
     assert step(100, 109, 103, 106) == "adm"
     assert step(109, 109, 103, 106) == "lru"  # LRU is at least the current one
+    assert step(100, 101, 101, 100, 103) == "fresh"  # the segmented shadow by fresh counts
+    assert step(100, 101, 104, 100, 103) == "fresh"
+    assert step(100, 101, 106, 100, 103) == "slru"
 
 
 def test_a_request_longer_than_the_cache_is_served_by_every_shadow_and_keeps_its_leading_blocks() -> None:
@@ -181,8 +188,10 @@ def test_a_request_longer_than_the_cache_is_served_by_every_shadow_and_keeps_its
             assert ad.sampled(b)
             ad.add(b, 0.0, t)
         ad.request(t)
-    assert len(ad._adm) == len(ad._slru) == 4  # (full: each shadow made room within the request)
-    for mode in ("lru", "admit_mode", "slru_mode", "arc_mode"):
+    assert (
+        len(ad._adm) == len(ad._slru.held) == len(ad._fslru.held) == 4
+    )  # (full: each shadow made room within the request)
+    for mode in ("lru", "admit_mode", "slru_mode", "fresh_mode", "arc_mode"):
         pol = LibraryPolicy(4, policy="adaptive", name="adaptive")
         try:
             if mode != "lru":

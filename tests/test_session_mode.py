@@ -86,7 +86,7 @@ def test_a_session_shadow_that_leads_takes_the_cache_and_gives_it_back_to_lru() 
     more than the margin, it takes the cache on recency; once LRU's are at least its, LRU takes it back."""
     ad = TauAdapter((300.0,), 300.0, 64, every=32, recency=True, bypass=False)
     ad.recency_mode = True
-    ad._rec_fast = ad._adm_hits = ad._slru_hits = ad._arc_hits = 100.0
+    ad._rec_fast = ad._adm_hits = ad._slru.hits = ad._arc_hits = 100.0
     ad._ses_hits = 130.0
     ad._choose_recency()
     assert ad.session_mode and not (ad.admit_mode or ad.slru_mode or ad.arc_mode)

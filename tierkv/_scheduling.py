@@ -252,6 +252,9 @@ class SchedulerState:
         self.tau_adapter: TauAdapter | None = None  # made by set_capacity_blocks
         #: (adaptive policy) every block access's count, for the admission filter (Writer)
         self.sketch: FrequencySketch | None = None
+        #: (adaptive policy) the same counts aged as TinyLFU's reference implementation ages them
+        #: (``FrequencySketch(fresh=True)``), for the segmented mode by fresh counts (``TauAdapter.fresh_mode``)
+        self.fresh_sketch: FrequencySketch | None = None
         #: (adaptive policy) ARC's target and ghosts for the real cache (its lists are ``Tier.arc``)
         self.arc_target: ArcTarget | None = None
         #: (adaptive policy) the session shadow: the renewal-process cache simulated at the real capacity
@@ -424,10 +427,12 @@ class SchedulerState:
         else:
             self.tau_adapter.resize(blocks)
         if adaptive:
-            if self.sketch is None:
+            if self.sketch is None or self.fresh_sketch is None:
                 self.sketch = FrequencySketch(blocks)
+                self.fresh_sketch = FrequencySketch(blocks, fresh=True)
             else:
                 self.sketch.resize(blocks)
+                self.fresh_sketch.resize(blocks)
             if self.arc_target is None:
                 self.arc_target = ArcTarget(blocks)
             else:
@@ -437,6 +442,22 @@ class SchedulerState:
                 self.session.capacity = held
             elif self.session_shadow:
                 self.session = SessionPolicy(held, name="session", track=True)
+
+    def count_access(self, sid: int) -> None:
+        """Count one access of the block whose shadow id is ``sid`` in the admission sketches."""
+        if self.sketch is not None:
+            self.sketch.add(sid)
+        if self.fresh_sketch is not None:
+            self.fresh_sketch.add(sid)
+
+    @property
+    def admission_sketch(self) -> FrequencySketch | None:
+        """The counts the admission filter compares (:attr:`admit`): :attr:`fresh_sketch` in the segmented
+        mode by fresh counts (``TauAdapter.fresh_mode``), else :attr:`sketch`."""
+        ad = self.tau_adapter
+        if ad is not None and ad.fresh_mode and self.fresh_sketch is not None:
+            return self.fresh_sketch
+        return self.sketch
 
     @property
     def admit(self) -> bool:

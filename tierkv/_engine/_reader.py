@@ -277,8 +277,7 @@ class Reader:
         hit = e.count > 0  # held before this request (a block stored by this put has count 0)
         sid = shadow_id(e.key)
         if hit:
-            if sched.sketch is not None:  # (a new block was counted by the put that stored it)
-                sched.sketch.add(sid)
+            sched.count_access(sid)  # (a new block was counted by the put that stored it)
             if e.row >= 0:  # used by a second request: ARC's frequent list
                 self.s.tiers[e.tier].make_frequent(e.row)
         e.count += 1

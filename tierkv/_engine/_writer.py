@@ -64,23 +64,24 @@ class Writer:
 
     def _admitted(self, keys: list[bytes], todo: list[int], new: list[bool], durable: bool, tid: bytes) -> list[int]:
         """The adaptive policy's admission filter (synchronous): count the put's missed blocks in
-        the frequency sketch; while admission is on (``SchedulerState.admit``) and the cache has no
-        room for them, keep ``todo`` only up to the first missed block that is not more frequent
-        than the cache's next victim (the blocks after it would be unreachable). ``new[j]``: block
+        the frequency sketches (``SchedulerState.count_access``); while admission is on
+        (``SchedulerState.admit``) and the cache has no room for them, keep ``todo`` only up to the
+        first missed block that is not more frequent than the cache's next victim by the mode's
+        counts (``SchedulerState.admission_sketch``; the blocks after it would be unreachable). ``new[j]``: block
         ``todo[j]`` is not stored (else it is in ``todo`` for a durable copy); a durable put
         is never filtered (it promises every block committed on a persistent tier). The room is
         what the tiers hold below their high watermarks (above them a put's rebalance sheds).
         Under a quota of tenant ``tid`` that leaves less room than that, the victim is the
         tenant's own next one (a tenant at its quota evicts only its own blocks)."""
         sched = self.s.sched
-        sk = sched.sketch
-        assert sk is not None
         ids = [raw_shadow_id(keys[i]) if n else 0 for i, n in zip(todo, new, strict=True)]
         for sid, n in zip(ids, new, strict=True):
             if n:
-                sk.add(sid)
+                sched.count_access(sid)
         if durable or not sched.admit:
             return todo
+        sk = sched.admission_sketch
+        assert sk is not None
         need = sum(new) * self.s.block_nbytes
         loads = self.s.loads()
         room = sum(max(0, int(ld.high_watermark * ld.capacity) - ld.used) for ld in loads if ld.healthy)

@@ -34,6 +34,7 @@ _M1 = 0x9E3779B97F4A7C15  # odd 64-bit mixers (splitmix64's): the row hashes of 
 _M2 = 0xBF58476D1CE4E5B9
 _MASK = (1 << 64) - 1
 _MAX = 255  # a counter saturates (8 bits)
+_FRESH_MAX = 15  # ... or, ``fresh``, at TinyLFU's 4 bits
 
 
 def positive_int(name: str, v: object) -> int:
@@ -47,12 +48,21 @@ class FrequencySketch:
     """Estimated recent access counts per integer block id, halved every ``window * capacity`` increments.
 
     ``width`` (counters per row per block of capacity, rounded up to a power of two per row) and
-    ``depth`` (rows) size the table. Raises ConfigError for bad parameters; the methods never raise
-    for ints (any int is a valid id: its low 64 bits are hashed)."""
+    ``depth`` (rows) size the table. ``fresh``: age as TinyLFU's reference implementation (Caffeine's
+    ``FrequencySketch.reset``) does -- counters saturate at 15, an increment of a saturated count is not
+    counted towards the window, and a halving halves the window's count instead of restarting it, so
+    that after the first every halving comes after ``window * capacity / 2`` increments: the counts
+    describe a shorter past (the adaptive policy's second segmented shadow, ``TauAdapter``). Raises
+    ConfigError for bad parameters; the methods never raise for ints (any int is a valid id: its low
+    64 bits are hashed)."""
 
-    __slots__ = ("_depth", "_limit", "_shift", "_since", "_table", "_width", "_window")
+    __slots__ = ("_depth", "_fresh", "_limit", "_max", "_shift", "_since", "_table", "_width", "_window")
 
-    def __init__(self, capacity_blocks: int, *, window: int = 10, width: int = 16, depth: int = 4) -> None:
+    def __init__(
+        self, capacity_blocks: int, *, window: int = 10, width: int = 16, depth: int = 4, fresh: bool = False
+    ) -> None:
+        self._fresh = bool(fresh)
+        self._max = _FRESH_MAX if fresh else _MAX
         self._window = positive_int("window", window)
         self._width = positive_int("width", width)
         self._depth = positive_int("depth", depth)
@@ -92,11 +102,13 @@ class FrequencySketch:
         t = self._table
         cells = self._cells(block)
         c = min(t[i] for i in cells)
-        if c < _MAX:
+        if c < self._max:
             c += 1
             for i in cells:  # conservative update: only the counters at the minimum grow
                 if t[i] < c:
                     t[i] = c
+        elif self._fresh:
+            return c  # (not counted towards the window)
         self._since += 1
         if self._since >= self._limit:
             self._age()
@@ -109,7 +121,7 @@ class FrequencySketch:
 
     def _age(self) -> None:
         """Halve every count: old accesses weigh half (a count of 1 is dropped)."""
-        self._since = 0
+        self._since = self._limit // 2 if self._fresh else 0
         # a view made here, not kept: a copy or pickle of the sketch must not share the original's table
         view: np.ndarray[Any, Any] = np.frombuffer(self._table, dtype=np.uint8)
         view >>= 1

@@ -16,7 +16,8 @@ ranking back and forth). Spatial sampling of this kind is how miniature simulati
 curves; the choice only uses what happened before it (causal).
 
 With ``recency=True`` (the library's ``adaptive`` policy) the adapter also keeps LRU, LRU-with-admission,
-segmented-LRU-with-admission and ARC shadows of the same sampled accesses and chooses between recency and the predictor
+segmented-LRU-with-admission (by slowly and by freshly aged counts) and ARC shadows of the same sampled
+accesses, counts the session shadow's (run by the caller), and chooses between recency and the predictor
 (:meth:`TauAdapter._choose_mode`, with an exploration budget for the predictor's trials); there every
 count, the candidates' included, is of *leading* hits (a request's sampled blocks root first up to the
 first one not held: what a prefix cache can serve), not of every held block.
@@ -62,6 +63,78 @@ def _leading(ids: Sequence[object], lo: int, hi: int, held: Container[object]) -
     return n
 
 
+class _Segmented:
+    """One segmented admission shadow (see :meth:`TauAdapter._serve_admission`): TinyLFU's filter by the
+    counts of ``freq`` in front of a segmented LRU of ``cap`` blocks (blocks held -> whether protected; the
+    probation and protected segments, least recent first; ARC's ghost lists of the ids it evicted, as the
+    library's send a returning block to ARC's frequent list), and its sampled leading hits (``hits``:
+    ``mode_decay``, ``slow``: ``decay``)."""
+
+    __slots__ = ("freq", "ghosts", "held", "hits", "prob", "prot", "slow")
+
+    def __init__(self, cap: int, freq: FrequencySketch) -> None:
+        self.freq = freq
+        self.held: dict[int, bool] = {}
+        self.prob: OrderedDict[int, None] = OrderedDict()
+        self.prot: OrderedDict[int, None] = OrderedDict()
+        self.ghosts = ArcTarget(cap)
+        self.hits = 0.0
+        self.slow = 0.0
+
+    def touch(self, b: int) -> None:
+        """A held ``b`` is used again: it moves to (the most recent end of) the protected segment."""
+        p = self.held.get(b)
+        if p is not None:
+            if not p:
+                del self.prob[b]
+                self.held[b] = True
+            self.prot[b] = None
+            self.prot.move_to_end(b)
+
+    def victim(self, own: Container[int]) -> int:
+        """The next victim (the shadow must hold a block): the probation segment's least recent block,
+        unless that is one of the current request's ``own`` (then every later one is: the request's new
+        blocks are probation's most recent, and the library passes over a put's own blocks and leaves
+        that list at the first), else the protected one's."""
+        prob, prot = self.prob, self.prot
+        if prob:
+            v = next(iter(prob))
+            if v not in own or not prot:
+                return v
+        return next(iter(prot))
+
+    def serve(self, ids: Sequence[int], lo: int, hi: int, cap: int) -> None:
+        """Admit the missed blocks of one request (``ids[lo:hi]``, buffered leaf first, held blocks
+        touched and every block counted), touch it leaf first, trim the protected segment."""
+        seg, prob, prot, freq = self.held, self.prob, self.prot, self.freq
+        full = len(seg) + sum(1 for x in range(lo, hi) if ids[x] not in seg) > cap
+        own = set(ids[lo:hi]) if full else ()
+        victim = freq.get(self.victim(own)) if own and seg else -1  # (an empty one has no victim)
+        for x in range(hi - 1, lo - 1, -1):
+            b = ids[x]
+            if b in seg:
+                continue
+            if freq.get(b) <= victim:
+                break
+            back = self.ghosts.returning(b)
+            (prot if back else prob)[b] = None
+            seg[b] = back
+            if len(seg) > cap:
+                v = self.victim(own)
+                frequent = seg.pop(v)
+                del (prot if frequent else prob)[v]
+                self.ghosts.lost(v, frequent, len(prob))
+        for x in range(lo, hi):
+            p = seg.get(ids[x])
+            if p is not None:
+                (prot if p else prob).move_to_end(ids[x])
+        limit = int(TauAdapter.PROTECTED * len(seg)) if len(seg) >= cap else len(seg)  # trimmed once full
+        while len(prot) > limit:
+            b, _ = prot.popitem(last=False)
+            prob[b] = None
+            seg[b] = False
+
+
 class TauAdapter:
     """Chooses ``tau`` among ``taus`` by sampled shadow caches (see the module docstring).
 
@@ -90,6 +163,7 @@ class TauAdapter:
         "_cost",
         "_decay",
         "_every",
+        "_fslru",
         "_hits",
         "_jump",
         "_lead_cap",
@@ -111,16 +185,12 @@ class TauAdapter:
         "_ses_slow",
         "_since_compact",
         "_slru",
-        "_slru_ghosts",
-        "_slru_hits",
-        "_slru_p",
-        "_slru_q",
-        "_slru_slow",
         "_thr",
         "_trial_loss",
         "_wait",
         "admit_mode",
         "arc_mode",
+        "fresh_mode",
         "recency",
         "recency_mode",
         "session_mode",
@@ -213,13 +283,14 @@ class TauAdapter:
         # LRU (blocks held -> whether protected; the probation and protected segments, least recent
         # first; ARC's ghost lists of the ids it evicted, as the library's send a returning block to
         # ARC's frequent list), and its hits; ``slru_mode``: the cache follows it while it follows recency
-        self._slru: dict[int, bool] = {}
-        self._slru_p: OrderedDict[int, None] = OrderedDict()
-        self._slru_q: OrderedDict[int, None] = OrderedDict()
-        self._slru_ghosts = ArcTarget(1)
-        self._slru_hits = 0.0
-        self._slru_slow = 0.0
+        self._slru = _Segmented(1, self._adm_freq)
+        # (with ``recency``) the same segmented shadow by counts aged as TinyLFU's reference
+        # implementation ages them (``FrequencySketch(fresh=True)``: they forget faster, and a change
+        # of the popular set gets in sooner; the slower counts keep a popular set that returns at long
+        # distances, in a small cache); ``fresh_mode``: the segmented mode follows this one
+        self._fslru = _Segmented(1, FrequencySketch(1, fresh=True))
         self.slru_mode = False
+        self.fresh_mode = False
         # (with ``recency``) the ARC shadow: a whole ARC of the same sampled accesses (ArcShadow), and
         # its hits (``mode_decay``, and ``decay`` vs the predictive shadows'); ``arc_mode``: the cache
         # follows ARC while it follows recency
@@ -237,7 +308,7 @@ class TauAdapter:
         self.session_mode = False
         self._rec_fast = 0.0  # the LRU shadow's sampled hits decayed by ``mode_decay`` (vs _live_hits)
         # the recency shadows' (LRU, admission, segmented, ARC, session) hits decayed by _JUMP_DECAY
-        self._jump = [0.0, 0.0, 0.0, 0.0, 0.0]
+        self._jump = [0.0] * 6
         # (with ``recency``) the exploration budget (see _choose_mode): recency's best shadow's sampled
         # hits since the start (undecayed); the real cache's net sampled loss against it over every
         # decision on the predictor and the ``_RECOVER`` decisions after each stay (negative: a gain);
@@ -275,7 +346,7 @@ class TauAdapter:
         self._rec.clear()
         self._rec_hits = 0.0
         self._rec_fast = 0.0
-        self._jump = [0.0, 0.0, 0.0, 0.0, 0.0]
+        self._jump = [0.0] * 6
         self._ses_buf = 0
         self._ses_hits = self._ses_slow = 0.0
         self.session_mode = False
@@ -283,11 +354,9 @@ class TauAdapter:
         self._adm_freq = FrequencySketch(cap)
         self._adm_hits = self._adm_slow = 0.0
         self.admit_mode = False
-        for d in (self._slru, self._slru_p, self._slru_q):
-            d.clear()
-        self._slru_ghosts = ArcTarget(cap)
-        self._slru_hits = self._slru_slow = 0.0
-        self.slru_mode = False
+        self._slru = _Segmented(cap, self._adm_freq)
+        self._fslru = _Segmented(cap, FrequencySketch(cap, fresh=True))
+        self.slru_mode = self.fresh_mode = False
         self._arc = ArcShadow(cap)
         self._arc_hits = self._arc_slow = 0.0
         self.arc_mode = False
@@ -420,11 +489,12 @@ class TauAdapter:
             self._rec_fast += h
             self._live_hits += self._live_buf
             h_lru = h
-            h_adm, h_slru = self._serve_admission()
+            h_adm, h_slru, h_fslru = self._serve_admission()
             self._adm_hits += h_adm
             self._adm_slow += h_adm
-            self._slru_hits += h_slru
-            self._slru_slow += h_slru
+            for sh, x in ((self._slru, h_slru), (self._fslru, h_fslru)):
+                sh.hits += x
+                sh.slow += x
             h, lo, arc = 0, 0, self._arc
             for hi in self._buf_r:  # (buffered leaf first: served root first)
                 h += _leading(sb, lo, hi, arc)
@@ -436,10 +506,12 @@ class TauAdapter:
             self._ses_hits += h_ses
             self._ses_slow += h_ses
             jd, j = self._JUMP_DECAY, self._jump
-            for i, x in enumerate((h_lru, h_adm, h_slru, h, h_ses)):
+            for i, x in enumerate((h_lru, h_adm, h_slru, h, h_ses, h_fslru)):
                 j[i] = j[i] * jd + x
             m = 1.0 + self._margin
-            best = max(float(h_lru), max(h_adm, h_slru, h, h_ses) / m)  # recency's best shadow in this decision
+            best = max(
+                float(h_lru), max(h_adm, h_slru, h, h_ses, h_fslru) / m
+            )  # recency's best shadow in this decision
             self._rec_total += best
             if not self.recency_mode or self._recover > 0:
                 self._loss += best - self._live_buf
@@ -486,11 +558,11 @@ class TauAdapter:
           it cost 1-2 points, as much as the margins at 10% capacity. The shadow's lead alone hands
           the predictor the cache, and its stays are charged as below;
         * and a trial must fit the *exploration budget*: the real cache's net loss against recency's
-          best shadow (per decision, the best of the four shadows' sampled leading hits in that
+          best shadow (per decision, the best of the recency shadows' sampled leading hits in that
           decision) over every decision it spent on the predictor so far, and over the ``_RECOVER``
           decisions on recency after each such stay, while the real cache still holds what the
           predictor kept (``_loss``; a gain counts against it, the credit capped at the budget).
-          A recovery is charged in full: the gap the real cache shows against the best of four
+          A recovery is charged in full: the gap the real cache shows against the best of the
           sampled shadows on recency anyway is counted too, an estimate that errs towards recency
           (on a trace of short shared prompts with one-shot suffixes at 5%, the first ten decisions
           after a stay ran 6.3% under the best shadow, those after sixty 1.0%; elsewhere the
@@ -512,7 +584,7 @@ class TauAdapter:
         """
         hits = self._hits
         cur_hits = hits[cur] if cur >= 0 else max(hits)
-        rec = max(self._rec_hits, self._adm_slow, self._slru_slow, self._arc_slow, self._ses_slow)  # recency's best
+        rec = max(self._rec_hits, self._adm_slow, self._slru.slow, self._arc_slow, self._ses_slow, self._fslru.slow)
         live = self._live_hits
         if self.recency_mode:
             self._wait -= 1
@@ -576,10 +648,10 @@ class TauAdapter:
             lo = hi
         return h
 
-    def _serve_admission(self) -> tuple[int, int]:
-        """Serve the buffered requests in both admission shadows (see :meth:`_choose_recency`); returns
-        their sampled leading hits (LRU main, segmented main). Per request (buffered leaf first) the
-        held blocks are touched (as the real put's access touches them: the victim is never one of
+    def _serve_admission(self) -> tuple[int, int, int]:
+        """Serve the buffered requests in the three admission shadows (see :meth:`_choose_recency`);
+        returns their sampled leading hits (LRU main, segmented main, segmented main by fresh counts).
+        Per request (buffered leaf first) the held blocks are touched (as the real put's access touches them: the victim is never one of
         the request's own; in the segmented shadow a held block is promoted to the protected segment,
         as a second use moves it to ARC's frequent list), every block is counted root first (as the
         put counts its missed blocks), then, if the cache has no room for all of the missed blocks,
@@ -591,33 +663,32 @@ class TauAdapter:
         inside a request or a held block would be the victim (within 0.5 points of the library held
         in the mode on the lab's shapes, ``tests/test_segmented.py``). The segmented
         shadow's victim is the probation segment's least recent block, or the protected one's when
-        that block is the request's own (see :meth:`_slru_victim`); once the request is touched, a full
+        that block is the request's own (see :meth:`_Segmented.victim`); once the request is touched, a full
         cache's protected segment is trimmed to ``PROTECTED`` of it (its least recent blocks go back
         to probation as its most recent), as :meth:`Tier.trim_frequent
         <tierkv._engine._residency.Tier.trim_frequent>` does when the library has recorded a
         request's access (a block demoted in the middle of a put would land behind the put's own
         new blocks, where the victim search no longer looks). A block its ARC ghost lists remember
         comes back protected (the library keeps one :class:`~tierkv.scheduler._arc.ArcTarget` for
-        ARC and this mode, the shadow its own)."""
+        ARC and this mode, each shadow its own). Every block is counted in both sketches (the library's
+        put counts it in both: ``SchedulerState.sketch`` and ``fresh_sketch``)."""
         sb, rec, freq, cap = self._buf_b, self._adm, self._adm_freq, self._cap
-        seg, prob, prot, ghosts = self._slru, self._slru_p, self._slru_q, self._slru_ghosts
-        h = hs = lo = 0
+        segs = (self._slru, self._fslru)
+        fresh = self._fslru.freq
+        h = hs = hf = lo = 0
         for hi in self._buf_r:
             h += _leading(sb, lo, hi, rec)
-            hs += _leading(sb, lo, hi, seg)
+            hs += _leading(sb, lo, hi, segs[0].held)
+            hf += _leading(sb, lo, hi, segs[1].held)
             for x in range(lo, hi):  # the lookup touches what is held: it is not the victim
                 b = sb[x]
                 if b in rec:
                     rec.move_to_end(b)
-                p = seg.get(b)
-                if p is not None:
-                    if not p:
-                        del prob[b]
-                        seg[b] = True
-                    prot[b] = None
-                    prot.move_to_end(b)
+                for sg in segs:
+                    sg.touch(b)
             for x in range(hi - 1, lo - 1, -1):  # counted root first, as the put counts its new blocks
                 freq.add(sb[x])
+                fresh.add(sb[x])
             full = len(rec) + sum(1 for x in range(lo, hi) if sb[x] not in rec) > cap  # no room for them all
             victim = freq.get(next(iter(rec))) if full and rec else -1  # (an empty one has no victim)
             for x in range(hi - 1, lo - 1, -1):
@@ -629,64 +700,34 @@ class TauAdapter:
                 rec[b] = None
                 if len(rec) > cap:
                     rec.popitem(last=False)
-            full = len(seg) + sum(1 for x in range(lo, hi) if sb[x] not in seg) > cap
-            own = set(sb[lo:hi]) if full else ()
-            victim = freq.get(self._slru_victim(own)) if own and seg else -1  # (an empty one has no victim)
-            for x in range(hi - 1, lo - 1, -1):
-                b = sb[x]
-                if b in seg:
-                    continue
-                if freq.get(b) <= victim:
-                    break
-                back = ghosts.returning(b)
-                (prot if back else prob)[b] = None
-                seg[b] = back
-                if len(seg) > cap:
-                    v = self._slru_victim(own)
-                    frequent = seg.pop(v)
-                    del (prot if frequent else prob)[v]
-                    ghosts.lost(v, frequent, len(prob))
             for x in range(lo, hi):
                 b = sb[x]
                 if b in rec:
                     rec.move_to_end(b)
-                p = seg.get(b)
-                if p is not None:
-                    (prot if p else prob).move_to_end(b)
-            limit = int(self.PROTECTED * len(seg)) if len(seg) >= cap else len(seg)  # trimmed once full
-            while len(prot) > limit:
-                b, _ = prot.popitem(last=False)
-                prob[b] = None
-                seg[b] = False
+            for sg in segs:
+                sg.serve(sb, lo, hi, cap)
             lo = hi
-        return h, hs
-
-    def _slru_victim(self, own: Container[int]) -> int:
-        """The segmented shadow's next victim (it must hold a block): the probation segment's least
-        recent block, unless that is one of the current request's ``own`` (then every later one is:
-        the request's new blocks are probation's most recent, and the library passes over a put's
-        own blocks and leaves that list at the first), else the protected one's."""
-        prob, prot = self._slru_p, self._slru_q
-        if prob:
-            v = next(iter(prob))
-            if v not in own or not prot:
-                return v
-        return next(iter(prot))
+        return h, hs, hf
 
     def _recency_best(self) -> float:
         """What recency scores against the predictor (``mode_decay`` counts): the best of plain LRU, LRU
-        with admission, segmented LRU with admission and ARC, all but LRU discounted by the margin (only
-        plain LRU is the safe side; and the best of four noisy sampled counts is biased upward)."""
+        with admission, segmented LRU with admission (both counts), ARC and the session shadow, all but LRU
+        discounted by the margin (only plain LRU is the safe side; and the best of several noisy sampled
+        counts is biased upward)."""
         m = 1.0 + self._margin
-        return max(self._rec_fast, max(self._adm_hits, self._slru_hits, self._arc_hits, self._ses_hits) / m)
+        return max(
+            self._rec_fast, max(self._adm_hits, self._slru.hits, self._arc_hits, self._ses_hits, self._fslru.hits) / m
+        )
 
     def _choose_recency(self) -> None:
         """Which recency the cache follows while on recency (``recency=True``): plain LRU, LRU with
         frequency admission (``admit_mode``), the same filter in front of a segmented LRU
-        (``slru_mode``) or ARC (``arc_mode``). From LRU, the best of the other three takes over once
-        its shadow's sampled hits lead the LRU shadow's by the margin; back to LRU as soon as LRU's
-        are at least the current one's (LRU is the safe side); between the other three, the best
-        takes over once it leads the current one by the margin. All four shadows are faithful in
+        (``slru_mode``; by the freshly aged counts with ``fresh_mode`` too: W-TinyLFU's own aging,
+        which lets a new popular set in sooner and forgets one that returns at long distances), ARC
+        (``arc_mode``) or the session shadow (``session_mode``). From LRU, the best of the others
+        takes over once its shadow's sampled hits lead the LRU shadow's by the margin; back to LRU as
+        soon as LRU's are at least the current one's (LRU is the safe side); between the others, the
+        best takes over once it leads the current one by the margin. The sampled shadows are faithful in
         either mode (they read no feature of the real cache); counts decayed by ``mode_decay``
         (about the last 20 decisions), so that noise does not flip the mode.
 
@@ -699,19 +740,25 @@ class TauAdapter:
         switch back). On the synthetic ``agent_tools`` shape (seed 19, 5%) admission led during the dense
         first phase and fell 28 points below LRU in the sparse tail, where the slow counts took
         four decisions of the tail's twelve to follow (``benchmarks/results/2026-12-05-session13.txt``)."""
-        counts = [self._rec_fast, self._adm_hits, self._slru_hits, self._arc_hits, self._ses_hits]
-        modes = (self.admit_mode, self.slru_mode, self.arc_mode, self.session_mode)
-        cur = 1 + modes.index(True) if True in modes else 0
+        counts = [self._rec_fast, self._adm_hits, self._slru.hits, self._arc_hits, self._ses_hits, self._fslru.hits]
+        cur = self._recency_index
         j = self._jump
-        b = max(range(5), key=j.__getitem__)
+        b = max(range(len(j)), key=j.__getitem__)
         if self.recency_mode and b != cur and j[b] - j[cur] > self._JUMP_Z * math.sqrt(j[b] + j[cur]):
             scale = (1.0 - self._JUMP_DECAY) / (1.0 - self._mode_decay) if self._mode_decay < 1.0 else 1.0
-            self._rec_fast, self._adm_hits, self._slru_hits, self._arc_hits, self._ses_hits = (x * scale for x in j)
+            (
+                self._rec_fast,
+                self._adm_hits,
+                self._slru.hits,
+                self._arc_hits,
+                self._ses_hits,
+                self._fslru.hits,
+            ) = (x * scale for x in j)
             self._set_recency(b)
             return
         rec = counts[0]
         m = 1.0 + self._margin
-        best = max(range(1, 5), key=counts.__getitem__)
+        best = max(range(1, len(counts)), key=counts.__getitem__)
         if cur == 0:  # on LRU
             if counts[best] > rec * m:
                 self._set_recency(best)
@@ -721,9 +768,24 @@ class TauAdapter:
         elif counts[best] > counts[cur] * m:
             self._set_recency(best)
 
+    @property
+    def _recency_index(self) -> int:
+        """The recency mode followed, as :meth:`_set_recency` numbers it."""
+        if self.slru_mode:
+            return 5 if self.fresh_mode else 2
+        modes = (self.admit_mode, False, self.arc_mode, self.session_mode)
+        return 1 + modes.index(True) if True in modes else 0
+
     def _set_recency(self, mode: int) -> None:
-        """Follow recency mode ``mode``: 0 LRU, 1 admission, 2 segmented, 3 ARC, 4 session."""
-        self.admit_mode, self.slru_mode, self.arc_mode, self.session_mode = (i == mode for i in range(1, 5))
+        """Follow recency mode ``mode``: 0 LRU, 1 admission, 2 segmented, 3 ARC, 4 session, 5 segmented by
+        fresh counts (``slru_mode`` and ``fresh_mode``)."""
+        self.admit_mode, self.slru_mode, self.arc_mode, self.session_mode = (
+            mode == 1,
+            mode in (2, 5),
+            mode == 3,
+            mode == 4,
+        )
+        self.fresh_mode = mode == 5
 
     def _choose(self, now: float) -> float | None:
         hits, taus = self._hits, self.taus
@@ -744,13 +806,15 @@ class TauAdapter:
             hits[i] *= d
         self._rec_hits *= d
         self._adm_slow *= d
-        self._slru_slow *= d
+        self._slru.slow *= d
+        self._fslru.slow *= d
         self._arc_slow *= d
         self._ses_slow *= d
         md = self._mode_decay
         self._rec_fast *= md
         self._adm_hits *= md
-        self._slru_hits *= md
+        self._slru.hits *= md
+        self._fslru.hits *= md
         self._arc_hits *= md
         self._ses_hits *= md
         self._live_hits *= md
