@@ -9,7 +9,8 @@ the library policy (``tierkv-adaptive``: a real TierKV under ``scheduler.policy 
 policy's prefix hit rate, and the share of the library policy's requests served in each mode of its
 :class:`~tierkv.scheduler._tau.TauAdapter` (read before each request from ``policy.kv._sched.tau_adapter``):
 ``pred`` (the predictor's ranking, ``recency_mode`` false; with its ``tau`` in seconds), ``lru`` (recency),
-``adm`` (recency with frequency admission, ``admit_mode``), ``seg`` (the segmented LRU, ``slru_mode``),
+``adm`` (recency with frequency admission, ``admit_mode``), ``seg`` (the segmented LRU, ``slru_mode``;
+``fseg`` by the fresh counts, ``fresh_mode``),
 ``arc`` (ARC, ``arc_mode``), ``ses`` (the session shadow, ``session_mode``); then the adapter's
 switches (``trace``: time and new ``tau``, ``inf`` = to recency). Reads the library, changes nothing.
 """
@@ -45,7 +46,7 @@ class _Recorder:
             mode = (
                 "adm"
                 if ad.admit_mode
-                else "seg"
+                else ("fseg" if ad.fresh_mode else "seg")
                 if ad.slru_mode
                 else "arc"
                 if ad.arc_mode
@@ -107,7 +108,7 @@ def main(argv: list[str]) -> int:
                 "requests": reqs[k],
                 "accesses": acc[k],
                 "prefix_hit_rate": {n: sum(leads[n][i] for i in idx) / (acc[k] or 1) for n in names},
-                "modes": {m: modes[m] / (len(idx) or 1) for m in ("pred", "lru", "adm", "seg", "arc", "ses")},
+                "modes": {m: modes[m] / (len(idx) or 1) for m in ("pred", "lru", "adm", "seg", "fseg", "arc", "ses")},
                 "pred_taus": {str(t): c for t, c in sorted(taus.items())},
             }
         )
@@ -118,13 +119,13 @@ def main(argv: list[str]) -> int:
     print(
         f"{'tenth':>5}{'reqs':>7}{'accesses':>10}"
         + "".join(f"{n[:15]:>16}" for n in names)
-        + f"{'pred':>7}{'lru':>7}{'adm':>7}{'seg':>7}{'arc':>7}{'ses':>7}  taus while pred"
+        + f"{'pred':>7}{'lru':>7}{'adm':>7}{'seg':>7}{'fseg':>7}{'arc':>7}{'ses':>7}  taus while pred"
     )
     for r in rows:
         print(
             f"{r['tenth']:>5}{r['requests']:>7}{r['accesses']:>10}"
             + "".join(f"{r['prefix_hit_rate'][n]:>16.4f}" for n in names)
-            + "".join(f"{r['modes'][m]:>7.2f}" for m in ("pred", "lru", "adm", "seg", "arc", "ses"))
+            + "".join(f"{r['modes'][m]:>7.2f}" for m in ("pred", "lru", "adm", "seg", "fseg", "arc", "ses"))
             + "  "
             + ", ".join(f"{t}:{c}" for t, c in r["pred_taus"].items())
         )
