@@ -40,7 +40,7 @@ field                      default      meaning
                                         promotes, most urgent first (:class:`~tierkv.scheduler.PrefetchPlanner`)
 ``session_shadow``         true         (adaptive policy) run the session shadow and let the cache
                                         follow it when it scores best (see below; about 1.2-1.8 KB
-                                        of memory per block of capacity); false: four recency modes
+                                        of memory per block of capacity); false: five recency modes
 ``predictor``              {}           :class:`~tierkv.scheduler.PredictorConfig` fields
 ``breaker``                {}           failure_threshold, cooldown_s, probe_successes
 ``placement``              {}           :class:`~tierkv.scheduler.PlacementConfig` fields
@@ -455,7 +455,7 @@ class SchedulerState:
         """The counts the admission filter compares (:attr:`admit`): :attr:`fresh_sketch` in the segmented
         mode by fresh counts (``TauAdapter.fresh_mode``), else :attr:`sketch`."""
         ad = self.tau_adapter
-        if ad is not None and ad.fresh_mode and self.fresh_sketch is not None:
+        if ad is not None and ad.slru_mode and ad.fresh_mode and self.fresh_sketch is not None:
             return self.fresh_sketch
         return self.sketch
 

@@ -48,10 +48,11 @@ class FrequencySketch:
     """Estimated recent access counts per integer block id, halved every ``window * capacity`` increments.
 
     ``width`` (counters per row per block of capacity, rounded up to a power of two per row) and
-    ``depth`` (rows) size the table. ``fresh``: age as TinyLFU's reference implementation (Caffeine's
-    ``FrequencySketch.reset``) does -- counters saturate at 15, an increment of a saturated count is not
-    counted towards the window, and a halving halves the window's count instead of restarting it, so
-    that after the first every halving comes after ``window * capacity / 2`` increments: the counts
+    ``depth`` (rows) size the table. ``fresh``: age about as TinyLFU's reference implementation (Caffeine's
+    ``FrequencySketch.reset``, without its correction for the odd counts' truncation) does -- counters
+    saturate at 15 (one per byte still), an increment of a saturated count is not counted towards the
+    window, and a halving sets the window's count to half the window instead of restarting it, so that
+    after the first every halving comes after ``window * capacity / 2`` counted increments: the counts
     describe a shorter past (the adaptive policy's second segmented shadow, ``TauAdapter``). Raises
     ConfigError for bad parameters; the methods never raise for ints (any int is a valid id: its low
     64 bits are hashed)."""

@@ -307,7 +307,7 @@ class TauAdapter:
         self._ses_slow = 0.0
         self.session_mode = False
         self._rec_fast = 0.0  # the LRU shadow's sampled hits decayed by ``mode_decay`` (vs _live_hits)
-        # the recency shadows' (LRU, admission, segmented, ARC, session) hits decayed by _JUMP_DECAY
+        # the recency shadows' (LRU, admission, segmented, ARC, session, fresh segmented) hits decayed by _JUMP_DECAY
         self._jump = [0.0] * 6
         # (with ``recency``) the exploration budget (see _choose_mode): recency's best shadow's sampled
         # hits since the start (undecayed); the real cache's net sampled loss against it over every
@@ -670,8 +670,9 @@ class TauAdapter:
         request's access (a block demoted in the middle of a put would land behind the put's own
         new blocks, where the victim search no longer looks). A block its ARC ghost lists remember
         comes back protected (the library keeps one :class:`~tierkv.scheduler._arc.ArcTarget` for
-        ARC and this mode, each shadow its own). Every block is counted in both sketches (the library's
-        put counts it in both: ``SchedulerState.sketch`` and ``fresh_sketch``)."""
+        ARC and this mode, each shadow its own). Every block is counted in both sketches, as the library
+        counts every access in both (``SchedulerState.count_access``: a put its missed blocks, the
+        access it records the held ones)."""
         sb, rec, freq, cap = self._buf_b, self._adm, self._adm_freq, self._cap
         segs = (self._slru, self._fslru)
         fresh = self._fslru.freq
