@@ -728,8 +728,13 @@ class TauAdapter:
         (``arc_mode``) or the session shadow (``session_mode``). From LRU, the best of the others
         takes over once its shadow's sampled hits lead the LRU shadow's by the margin; back to LRU as
         soon as LRU's are at least the current one's (LRU is the safe side); between the others, the
-        best takes over once it leads the current one by the margin. The sampled shadows are faithful in
-        either mode (they read no feature of the real cache); counts decayed by ``mode_decay``
+        best takes over once it leads the current one by the margin, except that between the two
+        segmented modes whichever leads takes over at once: they share the tiers' lists and differ
+        only in the counts the put's filter compares, so a switch between them leaves nothing to
+        converge (rag s13 at 10%: the fresh counts took the cache two tenths of the trace after the
+        popularity reshuffle with the margin, at it without; the lab's 93 rows lost 3.0 points in all
+        to the best classical policies instead of 3.6, ``benchmarks/results/2026-12-05-session15.txt``).
+        The sampled shadows are faithful in either mode (they read no feature of the real cache); counts decayed by ``mode_decay``
         (about the last 20 decisions), so that noise does not flip the mode.
 
         Except at a *change point* while the cache follows recency (on the predictor these counts also
@@ -768,6 +773,8 @@ class TauAdapter:
             self._set_recency(0)
         elif counts[best] > counts[cur] * m:
             self._set_recency(best)
+        elif cur in (2, 5) and counts[7 - cur] > counts[cur]:
+            self._set_recency(7 - cur)  # the other segmented mode: no margin (a switch costs nothing)
 
     @property
     def _recency_index(self) -> int:
