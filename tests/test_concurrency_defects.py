@@ -187,15 +187,14 @@ async def run_random_workload(
     wrong: list[str] = []
     untyped: list[BaseException] = []
     async with serving(cfg) as kv:
-        if force in ("admission", "segmented"):
+        if force in ("admission", "segmented", "fresh"):
             ad = kv._sched.tau_adapter
             assert ad is not None and kv._sched.sketch is not None and kv._sched.arc_target is not None
-            if force == "admission":
-                ad.admit_mode = True
-            else:
-                ad.slru_mode = True
             ad.recency_mode = kv._sched.recency = True
-            assert kv._sched.admit and kv._sched.slru == (force == "segmented") and not kv._sched.arc
+            ad._set_recency({"admission": 1, "segmented": 2, "fresh": 5}[force])
+            assert kv._sched.admit and kv._sched.slru == (force != "admission") and not kv._sched.arc
+            fresh = kv._sched.fresh_sketch
+            assert (kv._sched.admission_sketch is fresh) == (force == "fresh")
             writer = kv._s.writer
             admitted = writer._admitted
 
@@ -344,12 +343,12 @@ async def test_random_concurrency_invariants_one_tier_batched_sheds(tmp_path: Pa
     await run_random_workload(tmp_path, tasks=64, seconds=4.0, seed=3, policy=policy, one_tier=True)
 
 
-@pytest.mark.parametrize("force", ["admission", "segmented", "arc", "session"])
+@pytest.mark.parametrize("force", ["admission", "segmented", "fresh", "arc", "session"])
 async def test_random_concurrency_invariants_with_admission_or_arc(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, force: str
 ) -> None:
     """The adaptive policy held on recency with its frequency admission filter on (in front of an LRU or
-    of the segmented LRU), on ARC, or on its session shadow (three tiers, default watermarks, the
+    of the segmented LRU, by slow or by fresh counts), on ARC, or on its session shadow (three tiers, default watermarks, the
     service running): puts the filter or the session shadow cuts, or ARC's or the segments' victims,
     under cancels at random points, keep every invariant (ARC's lists, the segments, included) and
     every byte."""
@@ -359,7 +358,7 @@ async def test_random_concurrency_invariants_with_admission_or_arc(
     monkeypatch.setattr(TauAdapter, "_choose_recency", lambda self: None)
     counts = await run_random_workload(tmp_path, tasks=64, seconds=4.0, seed=5, policy="adaptive", force=force)
     assert counts["filtered"] > 0
-    assert counts["protected"] > 0 or force != "segmented"  # the protected segment was used
+    assert counts["protected"] > 0 or force not in ("segmented", "fresh")  # the protected segment was used
 
 
 @pytest.mark.slow
