@@ -651,9 +651,9 @@ class TauAdapter:
     def _serve_admission(self) -> tuple[int, int, int]:
         """Serve the buffered requests in the three admission shadows (see :meth:`_choose_recency`);
         returns their sampled leading hits (LRU main, segmented main, segmented main by fresh counts).
-        Per request (buffered leaf first) the held blocks are touched (as the real put's access touches them: the victim is never one of
-        the request's own; in the segmented shadow a held block is promoted to the protected segment,
-        as a second use moves it to ARC's frequent list), every block is counted root first (as the
+        Per request (buffered leaf first) the held blocks are touched (as the real put's access touches
+        them: the victim is never one of the request's own; in the segmented shadow a held block is
+        promoted to the protected segment, as a second use moves it to ARC's frequent list), every block is counted root first (as the
         put counts its missed blocks), then, if the cache has no room for all of the missed blocks,
         they are admitted root first until one is not more frequent than the cache's victim (a block
         after it would be unreachable; the counts compared are read after every count, as
@@ -734,8 +734,9 @@ class TauAdapter:
         converge (rag s13 at 10%: the fresh counts took the cache two tenths of the trace after the
         popularity reshuffle with the margin, at it without; the lab's 93 rows lost 3.0 points in all
         to the best classical policies instead of 3.6, ``benchmarks/results/2026-12-05-session15.txt``).
-        The sampled shadows are faithful in either mode (they read no feature of the real cache); counts decayed by ``mode_decay``
-        (about the last 20 decisions), so that noise does not flip the mode.
+        The sampled shadows are faithful in either mode (they read no feature of the real cache);
+        counts decayed by ``mode_decay`` (about the last 20 decisions), so that noise does not flip
+        the mode.
 
         Except at a *change point* while the cache follows recency (on the predictor these counts also
         weigh recency against the real cache's, over the same ~20 decisions): when over about the last
@@ -781,8 +782,7 @@ class TauAdapter:
         """The recency mode followed, as :meth:`_set_recency` numbers it."""
         if self.slru_mode:
             return 5 if self.fresh_mode else 2
-        modes = (self.admit_mode, False, self.arc_mode, self.session_mode)
-        return 1 + modes.index(True) if True in modes else 0
+        return 1 if self.admit_mode else 3 if self.arc_mode else 4 if self.session_mode else 0
 
     def _set_recency(self, mode: int) -> None:
         """Follow recency mode ``mode``: 0 LRU, 1 admission, 2 segmented, 3 ARC, 4 session, 5 segmented by
