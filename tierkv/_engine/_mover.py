@@ -69,6 +69,16 @@ class Mover:
         self._tau = s.sched.tau_s
         self._importance = -1  # the BlockImportance version the keys were computed with
         self._session_queues: list[deque[Hashable]] = []  # per tier: what the session shadow dropped
+        self._granules: dict[int, int] = {}  # per tier: its backend's allocation granule (fixed)
+
+    def granule(self, ti: int) -> int:
+        """Tier ``ti``'s allocation unit in bytes (``stats().details["granule"]``; 1 when it declares
+        none): a block there holds its size rounded up to it (a partial last block a whole granule)."""
+        g = self._granules.get(ti)
+        if g is None:
+            raw = self.s.tiers[ti].backend.stats().details.get("granule", 1)
+            g = self._granules[ti] = raw if isinstance(raw, int) and raw > 1 else 1
+        return g
 
     async def allocate_with_room(self, ti: int, key: str, nbytes: int, tag: bytes) -> Allocation:
         """Allocate ``nbytes`` for ``key`` on tier ``ti``, shedding its lowest-ranked blocks
@@ -400,7 +410,8 @@ class Mover:
         return out
 
     def pick_victims(self, ti: int, need: int, tenant: bytes | None = None, *, background: bool = False) -> list[Entry]:
-        """Tier ``ti``'s blocks that should leave it first, until ``need`` bytes: the least
+        """Tier ``ti``'s blocks that should leave it first, until ``need`` bytes (each counted in whole
+        granules of the tier, :meth:`granule`: what evicting it gives back there): the least
         recently used (LRU policy, adaptive on recency), ARC's (adaptive on ARC: :meth:`_arc_lists`),
         the segmented LRU's (adaptive on it: probation, then protected), the session shadow's
         (adaptive on it: the blocks it dropped, oldest first, then the least recently used)
@@ -419,8 +430,16 @@ class Mover:
 
         bottom = lower_tier(self.s.loads(), ti) is None  # a victim here is lost, not moved down
 
+        g = self.granule(ti)
+
+        def held(nbytes: int) -> int:
+            # what evicting a block frees there: its size in whole granules (a partial last block
+            # frees a granule's room, enough for a whole block when blocks fill one)
+            return nbytes if g == 1 else -(-nbytes // g) * g
+
         def want(r: int) -> int | None:
-            return index.evictable(r, tenant, bottom=bottom, background=background)
+            size = index.evictable(r, tenant, bottom=bottom, background=background)
+            return None if size is None else held(size)
 
         sched = self.s.sched
         ses = sched.session if sched.session_mode else None
@@ -429,7 +448,7 @@ class Mover:
             for e in self._session_victims(ses, ti, need, want):
                 victims.append(e)
                 taken.add(e.row)
-                freed += e.nbytes
+                freed += held(e.nbytes)
             if freed < need:  # then the least recently used, as the LRU policy
                 for r in tier.lru.rows():
                     if freed >= need:
@@ -464,14 +483,14 @@ class Mover:
             for r in tier.queue.pick(want, need):
                 e = handle(cols, r)
                 victims.append(e)
-                freed += e.nbytes
+                freed += held(e.nbytes)
         if freed < need and tier.backed:
             usable = (handle(cols, r) for r in tier.backed.rows() if want(r) is not None)
             for e in sorted(usable, key=lambda x: x.t_last):
                 if freed >= need:
                     break
                 victims.append(e)
-                freed += e.nbytes
+                freed += held(e.nbytes)
         return victims
 
     async def shed(
