@@ -80,7 +80,9 @@ def _unanticipated(cfg: dict[str, Any], data: st.DataObject) -> None:
         ),
         label="key",
     )
-    cfg[key] = data.draw(st.one_of(st.integers(), st.text(), st.booleans(), _floats(-1e9, 1e9)), label="value")
+    # (a string with NUL is a config error of its own: tests/test_layout_input.py)
+    text = st.text().filter(lambda v: "\x00" not in v)
+    cfg[key] = data.draw(st.one_of(st.integers(), text, st.booleans(), _floats(-1e9, 1e9)), label="value")
 
 
 GQA_MUTATIONS: dict[str, Mutation] = {
