@@ -14,7 +14,7 @@ import pytest
 
 from tierkv._scheduling import raw_shadow_id
 from tierkv.errors import ConfigError
-from tierkv.lab.policies.library import LibraryPolicy, tokens_of
+from tierkv.lab.policies.library import TAIL_TOKENS, LibraryPolicy, tokens_of
 from tierkv.scheduler import TauAdapter
 from tierkv.scheduler._admission import FrequencySketch
 
@@ -258,6 +258,53 @@ def test_a_full_store_admits_only_blocks_more_frequent_than_its_victim() -> None
         assert not kv._sched.admit
         pol.request([400, 401], 31.0, False)
         assert held([400, 401]) == 2
+    finally:
+        pol.close()
+
+
+def test_a_new_partial_last_block_is_filtered_as_one_more_missed_block() -> None:
+    """With ``partial_blocks`` (the replayed store's) a put's new tail is counted and filtered as a
+    missed block after the whole ones: into a full cache under admission a tail seen for the first
+    time is not stored (its whole block, held, stays); seen three times it is more frequent than the
+    victim and is stored."""
+    pol = LibraryPolicy(8, policy="adaptive", name="adaptive")
+    try:
+        kv = pol.kv
+        ad = kv._sched.tau_adapter
+        assert ad is not None and kv.config.partial_blocks
+        ad.admit_mode = ad.recency_mode = kv._sched.recency = True  # recency with admission
+        for t0 in (0.0, 10.0):  # eight blocks, each counted twice: a full cache
+            for b in range(1, 9):
+                pol.request([b], t0 + b, False)
+
+        def found(ids: list[int], tail: bool) -> tuple[int, int]:
+            r = pol._sync.call(kv.lookup, tokens_of(ids, tail))
+            return r.blocks, r.tail_tokens
+
+        pol.request([1, 50], 20.0, True)  # block 1 held, then 8 tokens of block 50: a tail
+        assert found([1, 50], True) == (1, 0)
+        for t in (21.0, 22.0):
+            pol.request([1, 50], t, True)
+        assert found([1, 50], True) == (1, TAIL_TOKENS)
+        assert kv.invariant_violations() == []
+    finally:
+        pol.close()
+
+
+def test_a_partial_last_block_victim_frees_a_whole_granule() -> None:
+    """On a tier whose granule holds one block, evicting a stored tail (half a block of bytes) gives back
+    a whole block's room: a new block pushes out the tail alone, not the tail and the next block too."""
+    pol = LibraryPolicy(4, policy="lru", name="lru")
+    try:
+        kv = pol.kv
+        pol.request([1], 1.0, True)  # a prompt shorter than a block: a tail only
+        for b in (2, 3, 4):
+            pol.request([b], float(b), False)
+        assert sum(s.blocks for s in kv.stats().values()) == 4
+        pol.request([5], 5.0, False)  # the cache is full: the least recently used (the tail) leaves
+        held = [pol._sync.call(kv.lookup, tokens_of([b])).blocks for b in (2, 3, 4, 5)]
+        assert held == [1, 1, 1, 1]
+        assert pol._sync.call(kv.lookup, tokens_of([1], True)).tail_tokens == 0
     finally:
         pol.close()
 

@@ -327,7 +327,14 @@ async def run_random_workload(
 
 @pytest.mark.parametrize(
     ("policy", "partial"),
-    [("lru", False), ("predictive", False), ("lru", True), ("predictive", True), ("adaptive", False)],
+    [
+        ("lru", False),
+        ("predictive", False),
+        ("lru", True),
+        ("predictive", True),
+        ("adaptive", False),
+        ("adaptive", True),
+    ],
 )
 async def test_random_concurrency_invariants(tmp_path: Path, policy: str, partial: bool) -> None:
     """With ``partial`` the store keeps tails too (``partial_blocks``): prompts of any length
@@ -343,21 +350,35 @@ async def test_random_concurrency_invariants_one_tier_batched_sheds(tmp_path: Pa
     await run_random_workload(tmp_path, tasks=64, seconds=4.0, seed=3, policy=policy, one_tier=True)
 
 
-@pytest.mark.parametrize("force", ["admission", "segmented", "fresh", "arc", "session"])
+@pytest.mark.parametrize(
+    ("force", "partial"),
+    [
+        ("admission", False),
+        ("segmented", False),
+        ("fresh", False),
+        ("arc", False),
+        ("session", False),
+        ("admission", True),
+        ("session", True),
+    ],
+)
 async def test_random_concurrency_invariants_with_admission_or_arc(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, force: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, force: str, partial: bool
 ) -> None:
     """The adaptive policy held on recency with its frequency admission filter on (in front of an LRU or
     of the segmented LRU, by slow or by fresh counts), on ARC, or on its session shadow (three tiers, default watermarks, the
     service running): puts the filter or the session shadow cuts, or ARC's or the segments' victims,
     under cancels at random points, keep every invariant (ARC's lists, the segments, included) and
-    every byte."""
+    every byte. ``partial``: tails stored too, which the filter and the session shadow decide as well."""
     from tierkv.scheduler import TauAdapter
 
     monkeypatch.setattr(TauAdapter, "_choose_mode", lambda self, now, cur: None)
     monkeypatch.setattr(TauAdapter, "_choose_recency", lambda self: None)
-    counts = await run_random_workload(tmp_path, tasks=64, seconds=4.0, seed=5, policy="adaptive", force=force)
+    counts = await run_random_workload(
+        tmp_path, tasks=64, seconds=4.0, seed=5, policy="adaptive", force=force, partial=partial
+    )
     assert counts["filtered"] > 0
+    assert (counts["tail_hits"] > 0) == partial
     assert counts["protected"] > 0 or force not in ("segmented", "fresh")  # the protected segment was used
 
 

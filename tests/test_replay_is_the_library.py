@@ -30,13 +30,14 @@ async def direct(trace: object, capacity: int, policy: str | None) -> list[int]:
     kv._sched.set_capacity_blocks(capacity)
     leads = []
     try:
-        for t, ids in zip(trace.times, trace.blocks, strict=True):  # type: ignore[attr-defined]
+        for t, ids, tail in zip(trace.times, trace.blocks, trace.tail_partial, strict=True):  # type: ignore[attr-defined]
             if not ids:
                 leads.append(0)
                 continue
             clock[0] = t
-            toks = tokens_of(ids)
-            leads.append((await kv.lookup(toks)).blocks)
+            toks = tokens_of(ids, tail)  # a partial last block: a tail (the store keeps partial blocks)
+            found = await kv.lookup(toks)
+            leads.append(found.blocks + (1 if found.tail_tokens else 0))
             await kv.put(toks, np.zeros((1, 2, len(toks), 1, 64), dtype=np.float16))
     finally:
         await kv.aclose()

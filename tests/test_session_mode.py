@@ -11,10 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tierkv._keys import tail_key
 from tierkv.lab.policies.library import LibraryPolicy, tokens_of
 from tierkv.lab.replay import load_trace, replay
 from tierkv.lab.synth import write_synthetic
 from tierkv.scheduler import SessionPolicy, TauAdapter
+from tierkv.scheduler._session import _CLS_TAIL
 
 
 def _held_in_session(pol: LibraryPolicy) -> LibraryPolicy:
@@ -100,10 +102,15 @@ def test_a_session_shadow_that_leads_takes_the_cache_and_gives_it_back_to_lru() 
     assert not ad.session_mode and ad._ses_buf == 0
 
 
-def test_the_library_in_the_session_mode_holds_what_its_shadow_holds(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("tails", [False, True])
+def test_the_library_in_the_session_mode_holds_what_its_shadow_holds(
+    tails: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A real TierKV held in the session mode, driven request by request over conversations that return
     at random: after every request the store holds exactly the blocks its session shadow holds (a put
-    stores only what the shadow kept, victims are what it dropped), and its index stays consistent."""
+    stores only what the shadow kept, victims are what it dropped), and its index stays consistent.
+    ``tails``: half the prompts end in a partial block, which the store keeps as a tail (its own key)
+    only while the shadow does."""
     monkeypatch.setattr(TauAdapter, "_choose_mode", lambda self, now, cur: None)
     monkeypatch.setattr(TauAdapter, "_choose_recency", lambda self: None)
     rnd = random.Random(3)
@@ -113,6 +120,7 @@ def test_the_library_in_the_session_mode_holds_what_its_shadow_holds(monkeypatch
         ses = kv._sched.session
         assert ses is not None
         convs: list[list[int]] = []
+        tails_held: list[bool] = []
         nxt = 10_000
         t = 0.0
         for _ in range(300):
@@ -124,10 +132,17 @@ def test_the_library_in_the_session_mode_holds_what_its_shadow_holds(monkeypatch
                 convs.append(c)
             c.extend(range(nxt, nxt + rnd.randint(1, 4)))
             nxt += 4
-            pol.request(list(c), t, False)
+            tail = tails and rnd.random() < 0.5
+            pol.request(list(c), t, tail)
             held = {k for k in kv._index}
+            if tail:
+                toks = tokens_of(c, True)
+                _, keys, _ = kv._s.keys(toks, None)
+                tails_held.append(tail_key(keys[-1], toks[len(keys) * 16 :]).hex() in held)
             assert held == {b.hex() for b in ses.cache if isinstance(b, bytes)}, (len(held), len(ses.cache))
         assert kv.invariant_violations() == []
+        if tails:  # some tails were kept by the shadow (so stored), some not
+            assert 0 < sum(tails_held) < len(tails_held), tails_held
     finally:
         pol.close()
 
@@ -137,10 +152,10 @@ def test_the_library_in_the_session_mode_scores_as_the_labs_session_policy(
     seed: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The library held in the session mode against the lab's ``lab-tierkv-session`` (the same class) on the
-    bursty synthetic shape at 5%, told as the library is that every block is whole (the library keys
-    whole blocks only; the lab would give a partial last block a class of its own): the same prefix
-    hit rate within 0.2 points, and well above LRU (bursts of one-shot first turns pass through, the
-    long conversations stay)."""
+    bursty synthetic shape at 5%: the same prefix hit rate within 0.2 points, and well above LRU (bursts
+    of one-shot first turns pass through, the long conversations stay). A request's partial last block
+    reaches the library as a tail (``partial_blocks``), which its session shadow classes as the lab does
+    (told instead that every block is whole, the lab's policy scores otherwise: the comparison sees it)."""
     path = tmp_path / "bursty.jsonl"
     write_synthetic(path, "bursty", seed=seed, sessions=300)
     tr = load_trace(str(path))
@@ -160,14 +175,16 @@ def test_the_library_in_the_session_mode_scores_as_the_labs_session_policy(
         def request(self, ids: Sequence[Hashable], now: float, tail_partial: bool, **kw: bool) -> tuple[int, int]:
             return super().request(ids, now, False, **kw)
 
-    lab = rate(Whole(cap))
+    lab = rate(SessionPolicy(cap))
+    whole = rate(Whole(cap))
     lru = rate(LruPolicy(cap))
     pol = _held_in_session(LibraryPolicy(cap, policy="adaptive", name="adaptive"))
     try:
         lib = rate(pol)
     finally:
         pol.close()
-    assert abs(lib - lab) < 0.002, (lib, lab)
+    assert abs(lib - lab) < 0.002, (lib, lab, whole)
+    assert abs(whole - lab) > 0.002, (whole, lab)
     assert lib > lru + 0.05, (lib, lru)
 
 
@@ -260,5 +277,45 @@ def test_a_block_the_shadow_dropped_twice_is_one_victim(monkeypatch: pytest.Monk
         rows = [v.row for v in victims]
         assert len(rows) == len(set(rows)) == 3 and victims[0].key == key.hex()
         assert kv.invariant_violations() == []
+    finally:
+        pol.close()
+
+
+def test_a_partial_last_block_reaches_the_session_shadow_as_the_requests_tail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``partial_blocks`` a put's trailing partial block is the last block of the request the session
+    shadow sees, flagged partial (its own class, as in the lab: the next turn extends it under another
+    key); a get that finds a stored tail after every whole block feeds it likewise, and the put of the
+    same request then counts nothing again."""
+    seen: list[tuple[list[Hashable], bool, bool]] = []
+    orig = SessionPolicy.request
+
+    def recording(
+        self: SessionPolicy, ids: Sequence[Hashable], now: float, tail_partial: bool, *, continuation: bool = False
+    ) -> tuple[int, int]:
+        seen.append((list(ids), tail_partial, continuation))
+        return orig(self, ids, now, tail_partial, continuation=continuation)
+
+    monkeypatch.setattr(SessionPolicy, "request", recording)
+    pol = LibraryPolicy(64, policy="adaptive", name="adaptive")
+    try:
+        kv, sync = pol.kv, pol._sync
+        ses = kv._sched.session
+        assert ses is not None and kv.config.partial_blocks
+        toks = tokens_of([5, 6, 7], True)  # two whole blocks and 8 tokens of a third
+        _, keys, _ = kv._s.keys(toks, None)
+        tk = tail_key(keys[-1], toks[32:])
+        pol.request([5, 6, 7], 1.0, True)
+        assert seen[-1] == ([*keys, tk], True, False)
+        assert tk in ses.cache and ses.s_cls[ses.cache[tk]] == _CLS_TAIL
+        assert tk.hex() in kv._index  # stored (the cache has room)
+        pol._clock[0] = 2.0
+        assert sync.get(toks).tokens == 40  # the whole blocks and the tail
+        assert seen[-1] == ([*keys, tk], True, False)
+        n = len(seen)
+        sync.put(toks, np.zeros((1, 2, 40, 1, 64), dtype=np.float16))
+        assert seen[n:] == [([*keys, tk], True, True)]  # the same request: a continuation
+        # without partial blocks in the prompt nothing is flagged
+        pol.request([8, 9], 3.0, False)
+        assert seen[-1][1] is False and len(seen[-1][0]) == 2
     finally:
         pol.close()

@@ -497,36 +497,48 @@ class SchedulerState:
 
     _SESSION_GETS = 4096  # gets remembered until their request's put (session_put)
 
-    def session_get(self, keys: Sequence[bytes], found: int, now: float) -> None:
+    def session_get(self, keys: Sequence[bytes], found: int, now: float, tail: bytes | None = None) -> None:
         """A ``get`` of the blocks ``keys`` (raw keys, root first) that found the first ``found`` stored:
         those are one request for the session shadow (the blocks it misses are not its to admit: a get
         stores nothing, and a tenant's gets of prompts nobody stored must not push others' blocks out
         of the shadow), remembered by the request's id (its last key) so that the put that completes
-        the request continues it (:meth:`session_put`). Synchronous; no-op without the shadow."""
+        the request continues it (:meth:`session_put`). ``tail``: the raw key of the stored partial
+        last block (``partial_blocks``) the get found after all of ``keys``; it is the request's last
+        block, of the shadow's tail class. Synchronous; no-op without the shadow."""
         if self.session is None or not keys or found <= 0:
             return
-        self._observe_session(keys[:found], now, continuation=False, count_from=0)
+        if tail is not None and found >= len(keys):
+            self._observe_session([*keys, tail], now, continuation=False, count_from=0, tail=True)
+            found = len(keys) + 1
+        else:
+            self._observe_session(keys[:found], now, continuation=False, count_from=0)
         gets = self._session_gets
         gets[keys[-1]] = found
         gets.move_to_end(keys[-1])
         if len(gets) > self._SESSION_GETS:
             gets.popitem(last=False)
 
-    def session_put(self, keys: Sequence[bytes], first: int, now: float) -> None:
+    def session_put(self, keys: Sequence[bytes], first: int, now: float, tail: bytes | None = None) -> None:
         """A ``put`` of the blocks ``keys`` from ``first`` on, before it stores anything: the request's
         blocks for the session shadow. It continues the request (no new turn, and the blocks counted
         already are not counted again) when a ``get`` of the same request came before it, or when it
         starts past its first block (``start``: a chunk of a request whose earlier blocks were read or
-        stored already). Synchronous; no-op without the shadow."""
-        if self.session is None or not keys:
+        stored already). ``tail``: the raw key of the put's trailing partial block (``partial_blocks``),
+        the request's last block, of the shadow's tail class (the next turn extends it under another
+        key). Synchronous; no-op without the shadow."""
+        if self.session is None or not (keys or tail):
             return
-        fed = self._session_gets.pop(keys[-1], None)
+        fed = self._session_gets.pop(keys[-1], None) if keys else None
         cont = fed is not None or first > 0
-        self._observe_session(keys, now, continuation=cont, count_from=max(first, fed or 0))
+        ids = [*keys, tail] if tail is not None else keys
+        self._observe_session(ids, now, continuation=cont, count_from=max(first, fed or 0), tail=tail is not None)
 
-    def _observe_session(self, keys: Sequence[bytes], now: float, *, continuation: bool, count_from: int) -> None:
+    def _observe_session(
+        self, keys: Sequence[bytes], now: float, *, continuation: bool, count_from: int, tail: bool = False
+    ) -> None:
         """Feed the shadow one request (or its continuation) and the adaptive policy its sampled
-        leading hits over ``keys[count_from:]`` (:meth:`TauAdapter.add_session`)."""
+        leading hits over ``keys[count_from:]`` (:meth:`TauAdapter.add_session`); ``tail``: the last
+        key is a partial block."""
         ses, ad = self.session, self.tau_adapter
         if ses is None or ad is None:
             return
@@ -537,7 +549,7 @@ class SchedulerState:
                     break
                 lead += 1
         ad.add_session(lead)
-        ses.request(keys, now, False, continuation=continuation)
+        ses.request(keys, now, tail, continuation=continuation)
 
     def observe_ranked(self, block: int, cell: int, now: float, fanout: int = 0, hit: bool = False) -> None:
         """One block access, in the order the cache admits a request's blocks (leaf first): feeds

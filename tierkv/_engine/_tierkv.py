@@ -509,7 +509,9 @@ class TierKV:
             rid = keys[-1].hex() if keys else None  # the request's id (Reader.record_access)
             sched = self._s.sched
             if sched.session is not None:  # the adaptive policy's session shadow: what the get found
-                sched.session_get(keys, len(entries), sched.now())
+                sched.session_get(
+                    keys, len(entries), sched.now(), bytes.fromhex(tail.key) if tail is not None else None
+                )
             if tail is not None:
                 tail_tokens = self._s.index.tail_tokens(tail)
                 entries = [*entries, tail]

@@ -62,7 +62,15 @@ class Writer:
     def __init__(self, s: Store) -> None:
         self.s = s
 
-    def _admitted(self, keys: list[bytes], todo: list[int], new: list[bool], durable: bool, tid: bytes) -> list[int]:
+    def _admitted(
+        self,
+        keys: list[bytes],
+        todo: list[int],
+        new: list[bool],
+        durable: bool,
+        tid: bytes,
+        tail: bytes | None = None,
+    ) -> tuple[list[int], bool]:
         """The adaptive policy's admission filter (synchronous): count the put's missed blocks in
         the frequency sketches (``SchedulerState.count_access``); while admission is on
         (``SchedulerState.admit``) and the cache has no room for them, keep ``todo`` only up to the
@@ -72,14 +80,22 @@ class Writer:
         is never filtered (it promises every block committed on a persistent tier). The room is
         what the tiers hold below their high watermarks (above them a put's rebalance sheds).
         Under a quota of tenant ``tid`` that leaves less room than that, the victim is the
-        tenant's own next one (a tenant at its quota evicts only its own blocks)."""
+        tenant's own next one (a tenant at its quota evicts only its own blocks).
+
+        ``tail``: the raw key of the put's partial last block when it is not stored yet (``partial_blocks``),
+        counted and filtered as one more missed block after ``todo``. Returns the kept ``todo`` and
+        whether the tail may be stored."""
         sched = self.s.sched
         ids = [raw_shadow_id(keys[i]) if n else 0 for i, n in zip(todo, new, strict=True)]
         for sid, n in zip(ids, new, strict=True):
             if n:
                 sched.count_access(sid)
+        if tail is not None:
+            ids.append(raw_shadow_id(tail))
+            new = [*new, True]
+            sched.count_access(ids[-1])
         if durable or not sched.admit:
-            return todo
+            return todo, True
         sk = sched.admission_sketch
         assert sk is not None
         need = sum(new) * self.s.block_nbytes
@@ -101,7 +117,7 @@ class Writer:
             if own is not None and own < min(room, need):
                 room, tenant = own, tid
         if room >= need:
-            return todo
+            return todo, True
         victims: list[Entry] = []
         for ti in range(len(loads) - 1, -1, -1):  # the bottom healthy tier (holding the tenant's blocks)
             if loads[ti].healthy:
@@ -109,12 +125,12 @@ class Writer:
                 if victims or tenant is None:
                     break
         if not victims:
-            return todo
+            return todo, True
         victim = sk.get(shadow_id(victims[0].key))
         for j, (n, sid) in enumerate(zip(new, ids, strict=True)):
             if n and sk.get(sid) <= victim:  # (read after every count: an aging in between halved both)
-                return todo[:j]
-        return todo
+                return todo[:j], False
+        return todo, True
 
     def _followed(self, keys: list[bytes], todo: list[int], missed: list[bool]) -> tuple[list[int], list[bool]]:
         """The session mode's admission (``SchedulerState.session_mode``): ``todo`` and ``missed`` up to
@@ -154,6 +170,12 @@ class Writer:
         if durable and self.s.persistent_tier() is None:
             raise TierUnavailableError("put(durable=True) needs a healthy persistent tier (e.g. nvme or pfs)")
         tail = len(arr_tokens) - len(keys) * bt
+        # the raw key of the partial last block this put stores (None: none, or partial_blocks off)
+        tkey = (
+            tail_key(keys[-1] if keys else seed, arr_tokens[len(keys) * bt :])
+            if tail_block is not None and tail
+            else None
+        )
         todo: list[int] = []
         missed: list[bool] = []  # per ``todo`` entry: not stored at all (else: a durable copy wanted)
         existing = 0
@@ -176,12 +198,18 @@ class Writer:
                 self.s.index.touch(e)
                 own.append(e)
         sched = self.s.sched
+        # the tail, when not stored yet, is admitted as one more missed block after ``todo``
+        new_tail = tkey if tkey is not None and tkey.hex() not in self.s.index.entries else None
+        tail_ok = True
         if sched.session is not None:  # the adaptive policy's session shadow sees every request
-            sched.session_put(keys, first, sched.now())
-            if todo and not durable and sched.session_mode:
-                todo, missed = self._followed(keys, todo, missed)
-        if todo and sched.sketch is not None:
-            todo = self._admitted(keys, todo, missed, durable, tid)
+            sched.session_put(keys, first, sched.now(), tkey)
+            if not durable and sched.session_mode:
+                if todo:
+                    todo, missed = self._followed(keys, todo, missed)
+                tail_ok = new_tail is None or sched.session.holds(new_tail)
+        if (todo or new_tail is not None) and sched.sketch is not None:
+            todo, admitted_tail = self._admitted(keys, todo, missed, durable, tid, new_tail if tail_ok else None)
+            tail_ok = tail_ok and admitted_tail
         tiers_used: list[str] = []
         stored = 0
 
@@ -308,9 +336,16 @@ class Writer:
                 present = [handle(index.cols, r) if r >= 0 else None for r in head] + new_entries
                 entries = [e for e in present if e is not None]
             covered = lead * bt
-            if tail_block is not None and tail and lead == len(keys) and None not in new_entries:
+            tail_e = None
+            if (
+                tkey is not None
+                and tail_block is not None
+                and tail_ok
+                and lead == len(keys)
+                and None not in new_entries
+            ):
                 placed_tail, tail_e = await self._put_tail(
-                    arr_tokens, keys, tid, tail, tail_block, seed, checked, direct, durable, label
+                    tkey, keys, tid, tail, tail_block, seed, checked, direct, durable, label
                 )
                 if tail_e is not None:
                     entries.append(tail_e)
@@ -324,9 +359,13 @@ class Writer:
                     else:
                         existing += 1
             sched = self.s.sched
-            if sched.tau_adapter is not None and len(entries) < len(keys):
-                # blocks pushed out again by their own put: the shadow caches still see the access
+            lost_tail = tkey is not None and tail_e is None
+            if sched.tau_adapter is not None and (lost_tail or any(p is None for p in present)):
+                # blocks not stored or pushed out again by their own put (and a tail not stored): the
+                # shadow caches still see the access, leaf first
                 now = sched.now()
+                if lost_tail and tkey is not None:
+                    sched.observe_ranked(raw_shadow_id(tkey), 0, now)
                 for i in range(len(keys) - 1, -1, -1):
                     if present[i] is None:
                         sched.observe_ranked(raw_shadow_id(keys[i]), 0, now)
@@ -378,7 +417,7 @@ class Writer:
 
     async def _put_tail(
         self,
-        arr_tokens: np.ndarray[Any, Any],
+        tkey: bytes,
         keys: list[bytes],
         tid: bytes,
         t: int,
@@ -389,12 +428,11 @@ class Writer:
         durable: bool,
         label: int | None,
     ) -> tuple[bool, Any]:
-        """Store the tail of ``t`` tokens after ``keys``; (whether written here, its entry
-        or None when it is not indexed after all, e.g. evicted at once)."""
-        bt = self.s.block_tokens
+        """Store the tail of ``t`` tokens after ``keys`` under its raw key ``tkey``; (whether written
+        here, its entry or None when it is not indexed after all, e.g. evicted at once)."""
         n = len(keys)
         parent = keys[-1] if keys else seed
-        key = tail_key(parent, arr_tokens[n * bt : n * bt + t]).hex()
+        key = tkey.hex()
         e = self.s.index.entries.get(key)
         if e is not None and not (durable and e.backing < 0):
             self.s.index.touch(e)

@@ -186,7 +186,7 @@ def load_trace(path: str | Path, block_tokens: int = 512, trace_block_tokens: in
     if block_tokens < trace_block_tokens or block_tokens % trace_block_tokens:
         raise ValueError(f"--block-tokens {block_tokens} must be a multiple of the trace's {trace_block_tokens}")
     k = block_tokens // trace_block_tokens
-    rows: list[tuple[float, int, list[int], int, str | None]] = []
+    rows: list[tuple[float, int, list[int], int, str | None, bool]] = []
     has_output = True
     has_shape = False
     with open(path, encoding="utf-8") as fh:
@@ -207,17 +207,21 @@ def load_trace(path: str | Path, block_tokens: int = 512, trace_block_tokens: in
                     raise TypeError(f"shape {shape!r} is not a string")
             except (ValueError, KeyError, TypeError) as exc:
                 raise ValueError(f"{path}:{lineno}: not a Mooncake trace record ({exc})") from exc
+            # the last block is partial when the tokens its ids cover end inside a block: a trace whose
+            # ids cover every prompt token (a Mooncake trace: ceil(input / block) ids) ends in a partial
+            # block when the input does; one of whole blocks only (floor) ends in a whole one
+            partial = min(n_in, len(ids) * trace_block_tokens) % block_tokens != 0
             if k > 1 and ids:
                 ids = [ids[min(len(ids) - 1, (j + 1) * k - 1)] for j in range(math.ceil(len(ids) / k))]
             has_shape = has_shape or shape is not None
-            rows.append((t, n_in, ids, n_out, shape))
+            rows.append((t, n_in, ids, n_out, shape, partial))
     rows.sort(key=lambda r: r[0])
     return Trace(
         path=str(path),
         times=[r[0] for r in rows],
         input_lengths=[r[1] for r in rows],
         blocks=[r[2] for r in rows],
-        tail_partial=[r[1] % block_tokens != 0 for r in rows],
+        tail_partial=[r[5] for r in rows],
         block_tokens=block_tokens,
         output_lengths=[r[3] for r in rows] if has_output else [],
         shapes=[r[4] if r[4] is not None else "-" for r in rows] if has_shape else [],

@@ -5,8 +5,11 @@ of it: one DRAM tier holding exactly ``capacity`` blocks (watermarks 1.0, one gr
 the scheduler's clock set to the trace's timestamps, and per request ``lookup(prompt)`` then
 ``put(prompt)`` -- what an engine does. A trace block id ``h`` (a chained prefix hash) becomes the
 tokens ``h * B .. h * B + B - 1`` of a block of ``B`` tokens, so equal id chains are equal token
-prefixes and get equal keys. The KV is a tiny model's (4 KiB per block) filled with zeros: only
-placement is measured.
+prefixes and get equal keys. A request whose last block is partial (the trace's ``tail_partial``)
+ends in the first ``B // 2`` tokens of its last id instead, and the store keeps partial last blocks
+(``partial_blocks = true``): what an engine's put of the whole prompt gives the store, a *tail* under
+its own key (equal for equal ids), which the next turn extends under another one. The KV is a tiny
+model's (4 KiB per block) filled with zeros: only placement is measured.
 
 The store runs on a :class:`~tierkv.SyncTierKV`'s event-loop thread; :meth:`close` stops it.
 Owns: the mapping from replay requests to library calls. May not be imported by the core.
@@ -20,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from ... import SyncTierKV, TierKV
+from ..._keys import tail_key
 
 __all__ = ["BLOCK_TOKENS", "LibraryPolicy", "library_config"]
 
@@ -52,6 +56,7 @@ def library_config(capacity: int, policy: str | None = None) -> dict[str, Any]:
                 "low_watermark": 1.0,
             }
         ],
+        "partial_blocks": True,
         "telemetry": {"enabled": False},
     }
     if policy is not None:
@@ -59,10 +64,18 @@ def library_config(capacity: int, policy: str | None = None) -> dict[str, Any]:
     return cfg
 
 
-def tokens_of(ids: Sequence[int]) -> np.ndarray[Any, Any]:
-    """The token ids of a request whose blocks have the trace ids ``ids``."""
+#: tokens of a partial last block in the replayed store (any value in 1 .. BLOCK_TOKENS - 1 works)
+TAIL_TOKENS = BLOCK_TOKENS // 2
+
+
+def tokens_of(ids: Sequence[int], tail_partial: bool = False) -> np.ndarray[Any, Any]:
+    """The token ids of a request whose blocks have the trace ids ``ids``; ``tail_partial``: the
+    last block is partial (its first :data:`TAIL_TOKENS` tokens)."""
     base = np.asarray(ids, dtype=np.int64) * BLOCK_TOKENS
-    return (base[:, None] + np.arange(BLOCK_TOKENS, dtype=np.int64)[None, :]).reshape(-1)
+    toks = (base[:, None] + np.arange(BLOCK_TOKENS, dtype=np.int64)[None, :]).reshape(-1)
+    if tail_partial and len(ids):
+        return toks[: len(toks) - BLOCK_TOKENS + TAIL_TOKENS]
+    return toks
 
 
 class LibraryPolicy:
@@ -82,13 +95,17 @@ class LibraryPolicy:
         sched.set_capacity_blocks(capacity)
         self._zeros = np.zeros((1, 2, 0, 1, 64), dtype=np.float16)
 
-    async def _request(self, ids: Sequence[int]) -> tuple[int, int]:
+    async def _request(self, ids: Sequence[int], tail_partial: bool) -> tuple[int, int]:
         kv = self.kv
-        toks = tokens_of(ids)
-        lead = (await kv.lookup(toks)).blocks
+        toks = tokens_of(ids, tail_partial)
+        found = await kv.lookup(toks)
+        lead = found.blocks + (1 if found.tail_tokens else 0)
         _, keys, _ = kv._s.keys(toks, None)
         index = kv._index
         hits = sum(1 for k in keys if k.hex() in index)
+        if tail_partial:  # the tail, under its own key (its parent's and its tokens')
+            parent = keys[-1] if keys else kv._s.scope_digest(None)[0]
+            hits += tail_key(parent, toks[len(keys) * BLOCK_TOKENS :]).hex() in index
         if len(self._zeros[0, 0]) != len(toks):
             self._zeros = np.zeros((1, 2, len(toks), 1, 64), dtype=np.float16)
         await kv.put(toks, self._zeros)
@@ -99,7 +116,7 @@ class LibraryPolicy:
         if not ids:
             return 0, 0
         self._clock[0] = now
-        return self._sync.call(self._request, ids)
+        return self._sync.call(self._request, ids, tail_partial)
 
     def close(self) -> None:
         """Close the store and stop its event-loop thread; idempotent."""
