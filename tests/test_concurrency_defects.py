@@ -182,7 +182,16 @@ async def run_random_workload(
     if one_tier:
         tiers = [dram_tier(12 * BLOCK)]
     cfg = smol_config(tiers, scheduler={"policy": policy}, partial_blocks=partial)
-    counts = {"ops": 0, "cancelled": 0, "typed_errors": 0, "hits": 0, "tail_hits": 0, "paged_hits": 0, "filtered": 0}
+    counts = {
+        "ops": 0,
+        "cancelled": 0,
+        "typed_errors": 0,
+        "hits": 0,
+        "tail_hits": 0,
+        "paged_hits": 0,
+        "filtered": 0,
+        "tails_refused": 0,
+    }
     counts["batch_sheds"] = counts["protected"] = 0
     wrong: list[str] = []
     untyped: list[BaseException] = []
@@ -198,9 +207,13 @@ async def run_random_workload(
             writer = kv._s.writer
             admitted = writer._admitted
 
-            def counting(*args: Any) -> list[int]:
-                out = admitted(*args)
-                counts["filtered"] += len(out) < len(args[1])
+            def counting(*args: Any) -> tuple[list[int], bool]:
+                kept, tail_ok = out = admitted(*args)
+                # a put cut (a whole block, or the new tail it offered, refused)
+                counts["filtered"] += len(kept) < len(args[1]) or (
+                    len(args) > 5 and args[5] is not None and not tail_ok
+                )
+                counts["tails_refused"] += len(args) > 5 and args[5] is not None and not tail_ok
                 counts["protected"] = max(counts["protected"], *(t.arc[1].n for t in kv._s.tiers))
                 return out
 
@@ -213,9 +226,13 @@ async def run_random_workload(
             ses_writer = kv._s.writer
             followed = ses_writer._followed
 
-            def session_counting(keys: Any, todo: list[int], missed: list[bool]) -> tuple[list[int], list[bool]]:
-                out = followed(keys, todo, missed)
-                counts["filtered"] += len(out[0]) < len(todo)  # a put cut where the shadow declined
+            def session_counting(
+                keys: Any, todo: list[int], missed: list[bool], tail: bytes | None = None
+            ) -> tuple[list[int], list[bool], bool]:
+                out = followed(keys, todo, missed, tail)
+                # a put cut where the shadow declined (a whole block, or the new tail)
+                counts["filtered"] += len(out[0]) < len(todo) or (tail is not None and not out[2])
+                counts["tails_refused"] += tail is not None and not out[2]
                 return out
 
             ses_writer._followed = session_counting  # type: ignore[method-assign]
@@ -379,6 +396,7 @@ async def test_random_concurrency_invariants_with_admission_or_arc(
     )
     assert counts["filtered"] > 0
     assert (counts["tail_hits"] > 0) == partial
+    assert (counts["tails_refused"] > 0) == partial  # new tails were offered to the filter, and some refused
     assert counts["protected"] > 0 or force not in ("segmented", "fresh")  # the protected segment was used
 
 

@@ -187,6 +187,28 @@ def test_load_trace_and_replay_slice() -> None:
         make_policy("nope", 1, tr)
 
 
+def test_a_last_block_is_partial_only_where_the_ids_cover_the_prompt(tmp_path: Path) -> None:
+    """``tail_partial``: a prompt that ends inside a block, in a trace whose ids cover every token
+    (ceil(input / block) ids, a Mooncake trace) -- not in one of whole blocks only (floor, as
+    ``tierkv.lab.sharegpt_trace`` writes); with blocks of several trace blocks, where the covered tokens
+    end inside a replay block."""
+    rows = [  # (input tokens, ids)
+        (1100, [1, 2, 3]),  # ceil: 3 ids for 1,100 tokens, the last one partial
+        (1100, [1, 2]),  # floor: 2 whole blocks, the 76 tokens past them have no id
+        (1024, [1, 2]),  # whole
+        (1536, [1, 2, 4]),  # whole at 512; at 1024 the third id is half a block
+    ]
+    path = tmp_path / "t.jsonl"
+    path.write_text(
+        "".join(
+            json.dumps({"timestamp": i, "input_length": n, "output_length": 1, "hash_ids": ids}) + "\n"
+            for i, (n, ids) in enumerate(rows)
+        )
+    )
+    assert load_trace(path).tail_partial == [True, False, False, False]
+    assert load_trace(path, block_tokens=1024).tail_partial == [True, False, False, True]
+
+
 @pytest.mark.slow  # ~45 s on two cores
 def test_cli_json_and_plot(tmp_path: Path) -> None:
     out, png = tmp_path / "r.json", tmp_path / "r.png"

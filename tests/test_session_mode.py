@@ -287,7 +287,9 @@ def test_a_partial_last_block_reaches_the_session_shadow_as_the_requests_tail(mo
     key); a get that finds a stored tail after every whole block feeds it likewise, and the put of the
     same request then counts nothing again."""
     seen: list[tuple[list[Hashable], bool, bool]] = []
+    leads: list[int] = []
     orig = SessionPolicy.request
+    add = TauAdapter.add_session
 
     def recording(
         self: SessionPolicy, ids: Sequence[Hashable], now: float, tail_partial: bool, *, continuation: bool = False
@@ -295,7 +297,13 @@ def test_a_partial_last_block_reaches_the_session_shadow_as_the_requests_tail(mo
         seen.append((list(ids), tail_partial, continuation))
         return orig(self, ids, now, tail_partial, continuation=continuation)
 
+    def counting(self: TauAdapter, leading: int) -> None:
+        leads.append(leading)
+        add(self, leading)
+
     monkeypatch.setattr(SessionPolicy, "request", recording)
+    monkeypatch.setattr(TauAdapter, "add_session", counting)
+    monkeypatch.setattr(TauAdapter, "sampled", lambda self, block: True)  # every block counted
     pol = LibraryPolicy(64, policy="adaptive", name="adaptive")
     try:
         kv, sync = pol.kv, pol._sync
@@ -311,9 +319,16 @@ def test_a_partial_last_block_reaches_the_session_shadow_as_the_requests_tail(mo
         pol._clock[0] = 2.0
         assert sync.get(toks).tokens == 40  # the whole blocks and the tail
         assert seen[-1] == ([*keys, tk], True, False)
+        assert leads[-1] == 3  # the get's leading hits: both whole blocks and the tail
+        whole = ses.cache[keys[0]]
+        assert ses.cache[keys[1]] == whole and ses.s_cls[whole] != _CLS_TAIL
         n = len(seen)
         sync.put(toks, np.zeros((1, 2, 40, 1, 64), dtype=np.float16))
         assert seen[n:] == [([*keys, tk], True, True)]  # the same request: a continuation
+        assert leads[-1] == 0  # ... that counts nothing the get counted
+        # the whole blocks stay in the request's session, the tail in a tail session of its own
+        assert ses.cache[keys[0]] == ses.cache[keys[1]] == whole
+        assert ses.s_cls[ses.cache[tk]] == _CLS_TAIL and ses.cache[tk] != whole
         # without partial blocks in the prompt nothing is flagged
         pol.request([8, 9], 3.0, False)
         assert seen[-1][1] is False and len(seen[-1][0]) == 2

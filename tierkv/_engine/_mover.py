@@ -61,6 +61,10 @@ def _hexkey(key: object) -> str:
     return key.hex() if isinstance(key, bytes) else str(key)
 
 
+def _identity(n: int) -> int:
+    return n
+
+
 class Mover:
     """Moves blocks between tiers and out of the store (see the module docstring)."""
 
@@ -70,6 +74,15 @@ class Mover:
         self._importance = -1  # the BlockImportance version the keys were computed with
         self._session_queues: list[deque[Hashable]] = []  # per tier: what the session shadow dropped
         self._granules: dict[int, int] = {}  # per tier: its backend's allocation granule (fixed)
+
+    def room_of(self, ti: int, tenant: bytes | None = None) -> Callable[[int], int]:
+        """What evicting a block of ``n`` bytes gives back on tier ``ti``: its size in whole granules
+        (a partial last block frees a granule's room, enough for a whole block when blocks fill one);
+        for a ``tenant``'s quota, which counts logical bytes, ``n`` itself."""
+        g = self.granule(ti) if tenant is None else 1
+        if g == 1:
+            return _identity
+        return lambda n: -(-n // g) * g
 
     def granule(self, ti: int) -> int:
         """Tier ``ti``'s allocation unit in bytes (``stats().details["granule"]``; 1 when it declares
@@ -430,12 +443,7 @@ class Mover:
 
         bottom = lower_tier(self.s.loads(), ti) is None  # a victim here is lost, not moved down
 
-        g = self.granule(ti)
-
-        def held(nbytes: int) -> int:
-            # what evicting a block frees there: its size in whole granules (a partial last block
-            # frees a granule's room, enough for a whole block when blocks fill one)
-            return nbytes if g == 1 else -(-nbytes // g) * g
+        held = self.room_of(ti, tenant)
 
         def want(r: int) -> int | None:
             size = index.evictable(r, tenant, bottom=bottom, background=background)
@@ -513,7 +521,8 @@ class Mover:
         index = self.s.index.entries
         if victims is None:  # (else: picked just now by the caller, with nothing awaited since)
             victims = self.pick_victims(ti, need, tenant, background=background)
-        freed = 0
+        freed = 0  # (in the units pick_victims counts: room_of)
+        held = self.room_of(ti, tenant)
         lost: list[Entry] = []  # bottom-tier victims, dropped together (before any other relocation)
         with self.s.index.pinned(victims), anyio.CancelScope(shield=True):
             dest = lower_tier(self.s.loads(), ti)
@@ -525,18 +534,18 @@ class Mover:
                     lost = []
                 if e.tier != ti:
                     if e.backing == ti and await self.shed_durable_copy(e, ti, dest):
-                        freed += e.nbytes
+                        freed += held(e.nbytes)
                     continue
                 self.prefetch_wasted(e)
                 if e.backing > ti:  # a durable copy exists below: just drop this one
                     if await self.demote_to_backing(e):
                         self.s.decided("demote", e, ti, e.backing, "watermark: durable copy below")
-                        freed += e.nbytes
+                        freed += held(e.nbytes)
                     continue
                 if dest is not None:
                     if await self.move(e, ti, dest):
                         self.s.decided("demote", e, ti, dest, "watermark")
-                        freed += e.nbytes
+                        freed += held(e.nbytes)
                     # else: no room below right now (or another task is writing it there):
                     # keep the block where it is rather than lose it
                     continue
@@ -544,7 +553,7 @@ class Mover:
                     continue
                 self.s.decided("evict", e, ti, -1, "watermark at the bottom tier")
                 lost.append(e)
-                freed += e.nbytes
+                freed += held(e.nbytes)
             if lost:
                 await self.drop_many(lost)
         return freed

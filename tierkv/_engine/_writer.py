@@ -70,6 +70,7 @@ class Writer:
         durable: bool,
         tid: bytes,
         tail: bytes | None = None,
+        tail_nbytes: int = 0,
     ) -> tuple[list[int], bool]:
         """The adaptive policy's admission filter (synchronous): count the put's missed blocks in
         the frequency sketches (``SchedulerState.count_access``); while admission is on
@@ -83,8 +84,8 @@ class Writer:
         tenant's own next one (a tenant at its quota evicts only its own blocks).
 
         ``tail``: the raw key of the put's partial last block when it is not stored yet (``partial_blocks``),
-        counted and filtered as one more missed block after ``todo``. Returns the kept ``todo`` and
-        whether the tail may be stored."""
+        of ``tail_nbytes`` bytes, counted and filtered as one more missed block after ``todo``. Returns
+        the kept ``todo`` and whether the tail may be stored."""
         sched = self.s.sched
         ids = [raw_shadow_id(keys[i]) if n else 0 for i, n in zip(todo, new, strict=True)]
         for sid, n in zip(ids, new, strict=True):
@@ -98,8 +99,12 @@ class Writer:
             return todo, True
         sk = sched.admission_sketch
         assert sk is not None
-        need = sum(new) * self.s.block_nbytes
         loads = self.s.loads()
+        # the room the new blocks take where they go first (whole granules of the fastest healthy tier:
+        # a tail takes its own bytes' worth, not a block's)
+        fit = self.s.mover.room_of(next((i for i, ld in enumerate(loads) if ld.healthy), 0))
+        whole = sum(new) - (tail is not None)
+        need = whole * fit(self.s.block_nbytes) + (fit(tail_nbytes) if tail is not None else 0)
         room = sum(max(0, int(ld.high_watermark * ld.capacity) - ld.used) for ld in loads if ld.healthy)
         tenant: bytes | None = None
         q = self.s.quota_for(tid)
@@ -132,16 +137,20 @@ class Writer:
                 return todo[:j], False
         return todo, True
 
-    def _followed(self, keys: list[bytes], todo: list[int], missed: list[bool]) -> tuple[list[int], list[bool]]:
+    def _followed(
+        self, keys: list[bytes], todo: list[int], missed: list[bool], tail: bytes | None = None
+    ) -> tuple[list[int], list[bool], bool]:
         """The session mode's admission (``SchedulerState.session_mode``): ``todo`` and ``missed`` up to
         the first missed block the session shadow did not keep when it saw this request (a block after
-        it would be unreachable). Synchronous."""
+        it would be unreachable), and whether the put's new partial last block ``tail`` (raw key; None:
+        none) may be stored: only after every missed block was kept, and if the shadow kept it too.
+        Synchronous."""
         ses = self.s.sched.session
         assert ses is not None
         for j, (i, m) in enumerate(zip(todo, missed, strict=True)):
             if m and not ses.holds(keys[i]):
-                return todo[:j], missed[:j]
-        return todo, missed
+                return todo[:j], missed[:j], tail is None
+        return todo, missed, tail is None or ses.holds(tail)
 
     async def put_blocks(
         self,
@@ -203,12 +212,12 @@ class Writer:
         tail_ok = True
         if sched.session is not None:  # the adaptive policy's session shadow sees every request
             sched.session_put(keys, first, sched.now(), tkey)
-            if not durable and sched.session_mode:
-                if todo:
-                    todo, missed = self._followed(keys, todo, missed)
-                tail_ok = new_tail is None or sched.session.holds(new_tail)
+            if not durable and sched.session_mode and (todo or new_tail is not None):
+                todo, missed, tail_ok = self._followed(keys, todo, missed, new_tail)
         if (todo or new_tail is not None) and sched.sketch is not None:
-            todo, admitted_tail = self._admitted(keys, todo, missed, durable, tid, new_tail if tail_ok else None)
+            todo, admitted_tail = self._admitted(
+                keys, todo, missed, durable, tid, new_tail if tail_ok else None, self.s.block_nbytes * tail // bt
+            )
             tail_ok = tail_ok and admitted_tail
         tiers_used: list[str] = []
         stored = 0

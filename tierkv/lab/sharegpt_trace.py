@@ -35,8 +35,8 @@ The trace:
   0.03 s``), think time lognormal (median ``think_median_s`` = 60 s, sigma ``think_sigma`` = 1.0).
 * **Block ids.** The prompt's tokens are cut into whole blocks of ``block_tokens`` (the trailing partial
   block is *not* included: an engine's prefix cache holds whole blocks only, so ``len(hash_ids) ==
-  input_length // block_tokens``; the replay's ``tail_partial`` flag, read from ``input_length``, then names
-  a whole block -- only the ``lab-tierkv`` and session prototypes read it). Block ``i``'s hash is
+  input_length // block_tokens``, and :func:`~tierkv.lab.replay.load_trace` flags no request as ending in a
+  partial block when the replay's blocks are the trace's). Block ``i``'s hash is
   ``blake2b(hash(i - 1) || its token ids as little-endian int32)`` (16-byte digest, chained: equal token
   prefixes give equal hash chains, as a paged engine's block hashes), and hashes are renumbered to dense
   ints in order of first appearance in the time-sorted trace (the Mooncake release's convention).

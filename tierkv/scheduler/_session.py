@@ -316,9 +316,15 @@ class SessionPolicy:
         """One request of the blocks ``ids`` (root first) at ``now``: ``(leading hits, hits)`` of the
         cache as the request found it; the cache then holds what it admits. ``continuation``: the
         request continues the one that last touched its deepest already-seen block (a chunk of the same
-        turn): no new turn, no period event, its new blocks join that session."""
+        turn): no new turn, no period event, its new blocks join that session; its partial last block
+        (``tail_partial``) keeps the tail session it has, or gets a new one (a get that found the tail,
+        then the put of the same request: the tail does not draw the request's blocks into its
+        session)."""
         cache, toucher, fanout, opts, hz = self.cache, self.toucher, self.fanout, self.opts, self.hz
         n = len(ids)
+        tailed = opts.tail and tail_partial and n > 1
+        # a continuation joins the session of its deepest whole block seen before
+        last = n - 1 if (continuation and tailed) else n
         flags = [b in cache for b in ids]
         lead = 0
         for f in flags:
@@ -332,7 +338,7 @@ class SessionPolicy:
         # or the leaf of an earlier request (remembered, bounded); every block before it was seen too
         seen = 0
         psid = -1
-        for j in range(n - 1, -1, -1):
+        for j in range(last - 1, -1, -1):
             b = ids[j]
             o = cache.get(b)
             if o is None:
@@ -358,7 +364,7 @@ class SessionPolicy:
                     self.since_refresh += 1
                     if psid in self.lists:
                         self._push(psid, now)
-            if seen < n:
+            if seen < last:
                 fanout[kb] = fanout.get(kb, 0) + 1
         if self.since_refresh >= opts.refresh_periods:
             self.since_refresh = 0
@@ -368,10 +374,16 @@ class SessionPolicy:
             self._rescore(now)
         if joined >= 0:
             sid, tail_sid = joined, -1
+            if tailed:
+                o = cache.get(ids[-1])
+                if o is not None and self.s_cls.get(o) == _CLS_TAIL:
+                    tail_sid = o
+                else:
+                    tail_sid = self._new_session(now, _CLS_TAIL, self.s_turn[joined])
         else:
             cls = session_class(turn, n, gap) if opts.classes else 0
             sid = self._new_session(now, cls, turn)
-            tail_sid = self._new_session(now, _CLS_TAIL, turn) if (opts.tail and tail_partial and n > 1) else -1
+            tail_sid = self._new_session(now, _CLS_TAIL, turn) if tailed else -1
         my = (self._score(sid, now), self.s_start[sid])
         my_tail = (self._score(tail_sid, now), now) if tail_sid >= 0 else my
         cap, tree, bypass = self.capacity, opts.prefix_tree, opts.bypass

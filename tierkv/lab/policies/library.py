@@ -106,6 +106,8 @@ class LibraryPolicy:
         if tail_partial:  # the tail, under its own key (its parent's and its tokens')
             parent = keys[-1] if keys else kv._s.scope_digest(None)[0]
             hits += tail_key(parent, toks[len(keys) * BLOCK_TOKENS :]).hex() in index
+        if found.tail_tokens and found.blocks < len(keys):
+            hits += 1  # a stored tail begins the block the walk stopped at (its id's first tokens)
         if len(self._zeros[0, 0]) != len(toks):
             self._zeros = np.zeros((1, 2, len(toks), 1, 64), dtype=np.float16)
         await kv.put(toks, self._zeros)
