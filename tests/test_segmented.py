@@ -152,8 +152,9 @@ def test_the_admission_shadows_predict_the_library_held_in_their_mode(
 def test_the_recency_sub_mode_follows_the_best_shadow_with_hysteresis() -> None:
     """From LRU the best of admission, segmented admission (slow or fresh counts) and ARC takes over once
     it leads LRU by the margin; between those the best takes over once it leads the current one by the
-    margin, except between the two segmented modes (the same lists, other counts: whichever leads); LRU
-    takes the cache back as soon as it is at least the current one."""
+    margin, except among the three modes behind the admission filter (admission and the two segmented
+    ones: the same lists, another victim order or other counts; whichever leads); LRU takes the cache
+    back as soon as it is at least the current one."""
     ad = TauAdapter((300.0,), 300.0, 100, recency=True)
 
     def step(rec: float, adm: float, slru: float, arc: float, fresh: float = 0.0) -> str:
@@ -173,8 +174,12 @@ def test_the_recency_sub_mode_follows_the_best_shadow_with_hysteresis() -> None:
     assert step(100, 101, 101, 100, 103) == "fresh"  # the segmented shadow by fresh counts
     assert step(100, 101, 103.5, 100, 103) == "slru"  # between the two segmented modes: no margin
     assert step(100, 101, 103.5, 100, 103.6) == "fresh"
-    assert step(100, 105, 103.5, 100, 103.6) == "fresh"  # a third mode still needs the margin
-    assert step(100, 106, 103.5, 100, 103.6) == "adm"
+    assert step(100, 103.7, 103.5, 100, 103.6) == "adm"  # admission too: no margin
+    assert step(100, 103.7, 103.8, 100, 103.6) == "slru"
+    assert step(100, 103.7, 103.8, 105.8, 103.6) == "slru"  # ARC within the margin of the current one
+    assert step(100, 103.7, 103.8, 105.9, 103.6) == "arc"  # ... and past it
+    assert step(100, 106.1, 103.8, 105.9, 103.6) == "arc"  # from ARC, admission needs the margin
+    assert step(100, 108.1, 103.8, 105.9, 103.6) == "adm"
 
 
 def test_a_request_longer_than_the_cache_is_served_by_every_shadow_and_keeps_its_leading_blocks() -> None:

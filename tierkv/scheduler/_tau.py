@@ -135,6 +135,11 @@ class _Segmented:
             seg[b] = False
 
 
+#: the recency modes behind the admission filter (admission, segmented by slow counts, by fresh counts,
+#: as TauAdapter._set_recency numbers them): between them the leader takes over with no margin
+_FILTERED = (1, 2, 5)
+
+
 class TauAdapter:
     """Chooses ``tau`` among ``taus`` by sampled shadow caches (see the module docstring).
 
@@ -728,12 +733,15 @@ class TauAdapter:
         (``arc_mode``) or the session shadow (``session_mode``). From LRU, the best of the others
         takes over once its shadow's sampled hits lead the LRU shadow's by the margin; back to LRU as
         soon as LRU's are at least the current one's (LRU is the safe side); between the others, the
-        best takes over once it leads the current one by the margin, except that between the two
-        segmented modes whichever leads takes over at once: they share the tiers' lists and differ
-        only in the counts the put's filter compares, so a switch between them leaves nothing to
+        best takes over once it leads the current one by the margin, except that among the three modes
+        behind the admission filter (admission, and the two segmented ones) whichever leads takes over
+        at once: they keep the same lists in the tiers (ARC's serve as the segments) and differ in the
+        order of victims and the counts the filter compares, so a switch between them leaves little to
         converge (rag s13 at 10%: the fresh counts took the cache two tenths of the trace after the
-        popularity reshuffle with the margin, at it without; the lab's 93 rows lost 3.0 points in all
-        to the best classical policies instead of 3.6, ``benchmarks/results/2026-12-05-session15.txt``).
+        popularity reshuffle with the margin, at it without, ``benchmarks/results/2026-12-05-session15.txt``;
+        sysprompt at 10%: the segmented mode, above W-TinyLFU, took the cache from admission six tenths
+        sooner; the lab's 93 rows lost 2.4 points in all to the best classical policies instead of 3.1,
+        ``benchmarks/results/2026-12-05-session16.txt``).
         The sampled shadows are faithful in either mode (they read no feature of the real cache);
         counts decayed by ``mode_decay`` (about the last 20 decisions), so that noise does not flip
         the mode.
@@ -774,8 +782,10 @@ class TauAdapter:
             self._set_recency(0)
         elif counts[best] > counts[cur] * m:
             self._set_recency(best)
-        elif cur in (2, 5) and counts[7 - cur] > counts[cur]:
-            self._set_recency(7 - cur)  # the other segmented mode: no margin (a switch costs nothing)
+        elif cur in _FILTERED:
+            other = max((k for k in _FILTERED if k != cur), key=counts.__getitem__)
+            if counts[other] > counts[cur]:
+                self._set_recency(other)  # another mode behind the admission filter: no margin
 
     @property
     def _recency_index(self) -> int:
