@@ -87,6 +87,7 @@ class Writer:
         of ``tail_nbytes`` bytes, counted and filtered as one more missed block after ``todo``. Returns
         the kept ``todo`` and whether the tail may be stored."""
         sched = self.s.sched
+        whole = sum(new)  # the missed whole blocks (the tail, if any, comes on top)
         ids = [raw_shadow_id(keys[i]) if n else 0 for i, n in zip(todo, new, strict=True)]
         for sid, n in zip(ids, new, strict=True):
             if n:
@@ -103,7 +104,6 @@ class Writer:
         # the room the new blocks take where they go first (whole granules of the fastest healthy tier:
         # a tail takes its own bytes' worth, not a block's)
         fit = self.s.mover.room_of(next((i for i, ld in enumerate(loads) if ld.healthy), 0))
-        whole = sum(new) - (tail is not None)
         need = whole * fit(self.s.block_nbytes) + (fit(tail_nbytes) if tail is not None else 0)
         room = sum(max(0, int(ld.high_watermark * ld.capacity) - ld.used) for ld in loads if ld.healthy)
         tenant: bytes | None = None
@@ -368,13 +368,13 @@ class Writer:
                     else:
                         existing += 1
             sched = self.s.sched
-            lost_tail = tkey is not None and tail_e is None
-            if sched.tau_adapter is not None and (lost_tail or any(p is None for p in present)):
+            lost_tail = tkey if tail_e is None else None
+            if sched.tau_adapter is not None and (lost_tail is not None or any(p is None for p in present)):
                 # blocks not stored or pushed out again by their own put (and a tail not stored): the
                 # shadow caches still see the access, leaf first
                 now = sched.now()
-                if lost_tail and tkey is not None:
-                    sched.observe_ranked(raw_shadow_id(tkey), 0, now)
+                if lost_tail is not None:
+                    sched.observe_ranked(raw_shadow_id(lost_tail), 0, now)
                 for i in range(len(keys) - 1, -1, -1):
                     if present[i] is None:
                         sched.observe_ranked(raw_shadow_id(keys[i]), 0, now)
