@@ -131,15 +131,20 @@ def test_a_full_store_on_arc_keeps_its_hot_set_through_a_burst(arc: bool) -> Non
 
 
 def test_a_put_on_arc_does_not_pass_over_its_own_blocks_once_per_block(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A store whose blocks are all in ARC's frequent list takes a put of 200 new blocks: each victim
-    search leaves the recent list at the put's own (kept) blocks, so the put costs O(blocks) victim
-    checks, not O(blocks^2) (it was 20,100 here: every search walked all the put's earlier blocks)."""
+    """A store whose blocks are all in ARC's frequent list (ARC's target for the recent list: 0) takes
+    a put of 200 new blocks. The first one takes a frequent block's place; from then on the recent
+    list is over its target and its least recent block is the put's own: ARC would evict it (a scan
+    does not flush the frequent list), and the prefix equivalent is that the put stops there (its later
+    blocks would be unreachable without its first), the frequent list kept. Each victim search
+    leaves the recent list at the put's own (kept) blocks, so the put costs O(blocks) victim checks,
+    not O(blocks^2). The sampled ARC shadow serves the same requests alike."""
     from tierkv.scheduler import TauAdapter
 
     monkeypatch.setattr(TauAdapter, "_choose_mode", lambda self, now, cur: None)  # held on ARC
     monkeypatch.setattr(TauAdapter, "_choose_recency", lambda self: None)
     cap = 300
     pol = LibraryPolicy(cap, policy="adaptive", name="adaptive")
+    shadow = ArcShadow(cap)
     try:
         kv = pol.kv
         sched = kv._sched
@@ -151,8 +156,9 @@ def test_a_put_on_arc_does_not_pass_over_its_own_blocks_once_per_block(monkeypat
             for b in range(cap):
                 t += 1.0
                 pol.request([b], t, False)
+                shadow.request([b])
         tier = kv._s.tiers[0]
-        assert (len(tier.arc[0]), len(tier.arc[1])) == (0, cap)
+        assert (len(tier.arc[0]), len(tier.arc[1])) == (0, cap) == shadow.sizes()
         index = kv._s.index
         calls = [0]
         evictable = index.evictable
@@ -162,11 +168,56 @@ def test_a_put_on_arc_does_not_pass_over_its_own_blocks_once_per_block(monkeypat
             return evictable(*args, **kw)  # type: ignore[arg-type]
 
         index.evictable = counting  # type: ignore[method-assign]
-        pol.request(list(range(10_000, 10_200)), t + 1.0, False)
-        _, keys, _ = kv._s.keys(tokens_of(list(range(10_000, 10_200))), None)
-        assert sum(k.hex() in kv._index for k in keys) == 200  # the whole put stored, frequent blocks evicted
+        new = list(range(10_000, 10_200))
+        pol.request(new, t + 1.0, False)
+        shadow.request(new)
+        _, keys, _ = kv._s.keys(tokens_of(new), None)
+        stored = [k.hex() in kv._index for k in keys]
+        assert stored == [True] + [False] * 199  # the first block only: then the put's own would go
+        assert (len(tier.arc[0]), len(tier.arc[1])) == (1, cap - 1) == shadow.sizes()
+        assert sum(b in shadow for b in new) == 1 and new[0] in shadow
         assert sched.arc
         assert calls[0] <= 3 * 200, calls[0]
+        assert kv.invariant_violations() == []
+        # the prompt again: its stored first block was used by another request, so it joins the
+        # frequent list before the new blocks are stored (as ARC serves a request, and the shadow);
+        # the next block then takes a frequent block's place and the put stops at the one after
+        pol.request(new, t + 2.0, False)
+        shadow.request(new)
+        stored = [k.hex() in kv._index for k in keys]
+        assert stored == [True, True] + [False] * 198 == [b in shadow for b in new]
+        assert (len(tier.arc[0]), len(tier.arc[1])) == (1, cap - 1) == shadow.sizes()
+        row = kv._s.index.cols.find(keys[0].hex())
+        assert row >= 0 and kv._s.index.cols.arc[row] == 1  # the first block: frequent
+        assert kv.invariant_violations() == []
+    finally:
+        pol.close()
+
+
+def test_on_arc_a_put_over_the_recent_target_evicts_older_recent_blocks_first() -> None:
+    """While ARC's recent list holds older blocks, a put over the recent list's target takes its
+    victims from them (ARC's least recent first), not from the frequent list, and stores every block:
+    the stop above applies only once the put's own blocks are all the recent list has left."""
+    pol = LibraryPolicy(8, policy="adaptive", name="adaptive")
+    try:
+        kv = pol.kv
+        sched = kv._sched
+        ad = sched.tau_adapter
+        assert ad is not None
+        ad.recency_mode = sched.recency = ad.arc_mode = True
+        t = 0.0
+        for _ in range(2):
+            for b in (1, 2, 3, 4):
+                t += 1.0
+                pol.request([b], t, False)  # the frequent list: 1..4
+        for b in (5, 6, 7, 8):
+            t += 1.0
+            pol.request([b], t, False)  # the recent list: 5..8 (over ARC's target, 0)
+        t += 1.0
+        pol.request([20, 21], t, False)  # a two-block prefix: victims 5 and 6
+        assert _held(pol, [1, 2, 3, 4]) == 4 and _held(pol, [5, 6, 7, 8]) == 2
+        _, keys, _ = kv._s.keys(tokens_of([20, 21]), None)
+        assert all(k.hex() in kv._index for k in keys)
         assert kv.invariant_violations() == []
     finally:
         pol.close()

@@ -472,6 +472,7 @@ class Mover:
                 lists = tier.arc  # probation, then protected (trimmed when an access is recorded)
             else:
                 lists = (tier.lru,)
+            stop = False
             for k, lst in enumerate(lists):
                 for r in lst.rows():
                     if freed >= need:
@@ -481,11 +482,16 @@ class Mover:
                         victims.append(handle(cols, r))
                         freed += size
                     elif k == 0 and len(lists) > 1 and bottom and index.kept_row(r, background=background):
-                        # ARC's first list reached a put's own blocks (kept, most recent): what follows
-                        # is that put's or newer; the other list goes first (a put does not pass over
-                        # its own blocks once per block it stores)
+                        # the first list reached a put's own blocks (kept, most recent): what follows
+                        # is that put's or newer. The segmented LRU takes the protected segment next;
+                        # ARC's recent list over its target gives none: ARC would evict the put's own
+                        # first blocks there, and the prefix equivalent is that the put stops (its
+                        # later blocks would be unreachable without them), the frequent list kept
+                        # (what makes ARC hold against scans and loops). (A put does not pass over its
+                        # own blocks once per block it stores.)
+                        stop = sched.arc and lst is tier.arc[0]
                         break
-                if freed >= need:
+                if freed >= need or stop:
                     break
         else:
             for r in tier.queue.pick(want, need):

@@ -197,6 +197,8 @@ class Writer:
             e = self.s.index.entries.get(keys[first - 1].hex())
             if e is not None:
                 own.append(e)
+        sched = self.s.sched
+        arc = sched.arc
         for i in range(first, len(keys)):
             e = self.s.index.entries.get(keys[i].hex())
             if e is None or (durable and e.backing < 0):
@@ -205,8 +207,12 @@ class Writer:
             if e is not None:
                 existing += 1
                 self.s.index.touch(e)
+                if arc and e.count and e.row >= 0:
+                    # on ARC a block another request used joins the frequent list before the new ones
+                    # are stored, as ARC serves a request (and its shadow does): the put's victims
+                    # are then never its own used blocks left in the recent list
+                    self.s.tiers[e.tier].make_frequent(e.row)
                 own.append(e)
-        sched = self.s.sched
         # the tail, when not stored yet, is admitted as one more missed block after ``todo``
         new_tail = tkey if tkey is not None and tkey.hex() not in self.s.index.entries else None
         tail_ok = True

@@ -115,7 +115,10 @@ class ArcShadow:
     def request(self, blocks: Sequence[int]) -> int:
         """Serve one request's blocks (root first) as the library does: the held ones are used (a block
         of the recent list joins the frequent one), then the missing ones are stored root first, each
-        making room first when the cache is full. Returns how many were held."""
+        making room first when the cache is full, until the victim would be one of the request's own
+        new blocks (the recent list over its target holds only them): then the rest is not stored, as
+        the library's put stops there (``Mover.pick_victims``) instead of evicting its own first blocks
+        (which would leave its later ones unreachable). Returns how many were held."""
         t1, t2 = self._t1, self._t2
         held = 0
         missing = []
@@ -129,13 +132,17 @@ class ArcShadow:
                 held += 1
             else:
                 missing.append(b)
+        own: set[int] = set()
         for b in missing:
             if b in t1 or b in t2:
                 continue  # (a repeated block of this request, stored just now)
+            if len(t1) + len(t2) >= self.cap and t1 and next(iter(t1)) in own and self.target.evict_recent(len(t1)):
+                break  # the victim would be this request's own: it stops, as the library's put does
             frequent = self.target.returning(b)
             if len(t1) + len(t2) >= self.cap:
                 self._replace()
             (t2 if frequent else t1)[b] = None
+            own.add(b)
         return held
 
     def _replace(self) -> None:
