@@ -431,9 +431,12 @@ class Mover:
         or lowest-keyed (predictive) serving copies, then the durable-only copies, oldest access
         first. Pinned blocks, blocks being relocated, (with ``tenant``) other tenants' blocks and,
         at the bottom tier, the blocks a put keeps (``Index.kept``: the calling put's own, or every
-        put's for ``background`` shedding) are passed over; ARC's first list is left at the first
-        kept block (a put's own blocks are its most recent). Costs O(victims + passed over) per
-        call, not O(tier): the ranking is kept up to date on access."""
+        put's for ``background`` shedding) are passed over; ARC's (or the segments') first list is
+        left at the first kept block (a put's own blocks are its most recent): for the protected
+        segment, or ARC's other list, except that on ARC a recent list over ARC's target then gives
+        no more victims at the bottom tier (the put stops: ARC would evict the put's own first
+        blocks, and keeps its frequent list). Costs O(victims + passed over) per call, not O(tier):
+        the ranking is kept up to date on access."""
         self.refresh_ranking()  # attention reported since the last access re-keys first
         tier = self.s.tiers[ti]
         index = self.s.index
