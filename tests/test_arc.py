@@ -221,3 +221,45 @@ def test_on_arc_a_put_over_the_recent_target_evicts_older_recent_blocks_first() 
         assert kv.invariant_violations() == []
     finally:
         pol.close()
+
+
+def test_on_arc_a_put_under_its_tenants_quota_does_not_stop_at_its_own_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ARC stop is for a put's own victim search over the store: under a tenant's quota the search
+    sees only that tenant's blocks, while ARC's target is store-wide (the least recent block of the
+    recent list may be another tenant's). A tenant at its quota whose blocks are all frequent stores
+    a new 4-block prompt whole, evicting its own frequent blocks (it stored 1 of 4 with the stop)."""
+    import anyio
+    from kvtest import BLOCK, BT, dram_tier, kv_for, smol_config
+
+    from tierkv import TierKV
+    from tierkv.scheduler import TauAdapter
+
+    monkeypatch.setattr(TauAdapter, "_choose_mode", lambda self, now, cur: None)  # held on ARC
+    monkeypatch.setattr(TauAdapter, "_choose_recency", lambda self: None)
+
+    def prompt(owner: int, i: int, n: int = 1) -> list[int]:
+        return [owner * 1_000_000 + i * 1000 + t for t in range(n * BT)]
+
+    async def main() -> None:
+        cfg = smol_config([dram_tier(40 * BLOCK)], tenants={"bob": {"quota": {"dram": 8 * BLOCK}}})
+        cfg["scheduler"] = {"policy": "adaptive"}
+        kv = await TierKV.open(cfg)
+        try:
+            sched = kv._sched
+            ad = sched.tau_adapter
+            assert ad is not None
+            ad.recency_mode = sched.recency = ad.arc_mode = True
+            for i in range(20):  # the default tenant: 20 one-shot blocks in the recent list (over p = 0)
+                await kv.put(prompt(1, i), kv_for(BT, i))
+            for _ in range(2):  # bob: 8 blocks used twice (frequent), at his quota
+                for i in range(8):
+                    await kv.get(prompt(2, i), tenant="bob")
+                    await kv.put(prompt(2, i), kv_for(BT, 100 + i), tenant="bob")
+            assert sched.arc
+            r = await kv.put(prompt(3, 0, 4), kv_for(4 * BT, 7), tenant="bob")
+            assert r.tokens == 4 * BT
+            assert kv.invariant_violations() == []
+        finally:
+            await kv.aclose()
+
+    anyio.run(main)

@@ -435,7 +435,8 @@ class Mover:
         left at the first kept block (a put's own blocks are its most recent): for the protected
         segment, or ARC's other list, except that on ARC a recent list over ARC's target then gives
         no more victims at the bottom tier (the put stops: ARC would evict the put's own first
-        blocks, and keeps its frequent list). Costs O(victims + passed over) per call, not O(tier):
+        blocks, and keeps its frequent list; not for a tenant's search under its quota, which sees
+        only its own blocks, nor for ``background`` shedding). Costs O(victims + passed over) per call, not O(tier):
         the ranking is kept up to date on access."""
         self.refresh_ranking()  # attention reported since the last access re-keys first
         tier = self.s.tiers[ti]
@@ -492,7 +493,9 @@ class Mover:
                         # later blocks would be unreachable without them), the frequent list kept
                         # (what makes ARC hold against scans and loops). (A put does not pass over its
                         # own blocks once per block it stores.)
-                        stop = sched.arc and lst is tier.arc[0]
+                        # (only for a put's own search: a tenant's sees its own blocks only, while
+                        # ARC's target is store-wide; a background shed has no put to stop)
+                        stop = sched.arc and lst is tier.arc[0] and tenant is None and not background
                         break
                 if freed >= need or stop:
                     break
