@@ -87,6 +87,15 @@ def _held(pol: LibraryPolicy, ids: list[int]) -> int:
     return n
 
 
+def _on_arc(pol: LibraryPolicy) -> LibraryPolicy:
+    """``pol``'s adaptive policy held on recency, on ARC."""
+    sched = pol.kv._sched
+    ad = sched.tau_adapter
+    assert ad is not None
+    ad.recency_mode = sched.recency = ad.arc_mode = True
+    return pol
+
+
 @pytest.mark.parametrize("arc", [True, False])
 def test_a_full_store_on_arc_keeps_its_hot_set_through_a_burst(arc: bool) -> None:
     """A real TierKV of 8 blocks held on recency: 4 hot blocks used by two requests each are in ARC's
@@ -143,14 +152,11 @@ def test_a_put_on_arc_does_not_pass_over_its_own_blocks_once_per_block(monkeypat
     monkeypatch.setattr(TauAdapter, "_choose_mode", lambda self, now, cur: None)  # held on ARC
     monkeypatch.setattr(TauAdapter, "_choose_recency", lambda self: None)
     cap = 300
-    pol = LibraryPolicy(cap, policy="adaptive", name="adaptive")
+    pol = _on_arc(LibraryPolicy(cap, policy="adaptive", name="adaptive"))
     shadow = ArcShadow(cap)
     try:
         kv = pol.kv
         sched = kv._sched
-        ad = sched.tau_adapter
-        assert ad is not None
-        ad.recency_mode = sched.recency = ad.arc_mode = True
         t = 0.0
         for _ in range(2):
             for b in range(cap):
@@ -198,13 +204,9 @@ def test_on_arc_a_put_over_the_recent_target_evicts_older_recent_blocks_first() 
     """While ARC's recent list holds older blocks, a put over the recent list's target takes its
     victims from them (ARC's least recent first), not from the frequent list, and stores every block:
     the stop above applies only once the put's own blocks are all the recent list has left."""
-    pol = LibraryPolicy(8, policy="adaptive", name="adaptive")
+    pol = _on_arc(LibraryPolicy(8, policy="adaptive", name="adaptive"))
     try:
         kv = pol.kv
-        sched = kv._sched
-        ad = sched.tau_adapter
-        assert ad is not None
-        ad.recency_mode = sched.recency = ad.arc_mode = True
         t = 0.0
         for _ in range(2):
             for b in (1, 2, 3, 4):

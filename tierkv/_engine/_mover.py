@@ -432,12 +432,11 @@ class Mover:
         first. Pinned blocks, blocks being relocated, (with ``tenant``) other tenants' blocks and,
         at the bottom tier, the blocks a put keeps (``Index.kept``: the calling put's own, or every
         put's for ``background`` shedding) are passed over; ARC's (or the segments') first list is
-        left at the first kept block (a put's own blocks are its most recent): for the protected
-        segment, or ARC's other list, except that on ARC a recent list over ARC's target then gives
-        no more victims at the bottom tier (the put stops: ARC would evict the put's own first
-        blocks, and keeps its frequent list; not for a tenant's search under its quota, which sees
-        only its own blocks, nor for ``background`` shedding). Costs O(victims + passed over) per call, not O(tier):
-        the ranking is kept up to date on access."""
+        left at the first kept block (a put's own blocks are its most recent) for the other list,
+        except that a put's own search on ARC then gets no more victims from a recent list over
+        ARC's target (the put stops: ARC would evict its own first blocks and keep its frequent
+        list). Costs O(victims + passed over) per call, not O(tier): the ranking is kept up to date
+        on access."""
         self.refresh_ranking()  # attention reported since the last access re-keys first
         tier = self.s.tiers[ti]
         index = self.s.index
@@ -487,14 +486,12 @@ class Mover:
                         freed += size
                     elif k == 0 and len(lists) > 1 and bottom and index.kept_row(r, background=background):
                         # the first list reached a put's own blocks (kept, most recent): what follows
-                        # is that put's or newer. The segmented LRU takes the protected segment next;
-                        # ARC's recent list over its target gives none: ARC would evict the put's own
-                        # first blocks there, and the prefix equivalent is that the put stops (its
-                        # later blocks would be unreachable without them), the frequent list kept
-                        # (what makes ARC hold against scans and loops). (A put does not pass over its
-                        # own blocks once per block it stores.)
-                        # (only for a put's own search: a tenant's sees its own blocks only, while
-                        # ARC's target is store-wide; a background shed has no put to stop)
+                        # is that put's or newer (a put does not pass over them once per block it
+                        # stores). The segmented LRU takes the protected segment next; ARC's recent
+                        # list over its target gives none: ARC would evict the put's own first blocks,
+                        # so the put stops and the frequent list stays. Only for a put's own search (a
+                        # tenant's sees only its blocks, ARC's target is store-wide; a background shed
+                        # has no put to stop).
                         stop = sched.arc and lst is tier.arc[0] and tenant is None and not background
                         break
                 if freed >= need or stop:
