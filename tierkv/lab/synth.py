@@ -87,7 +87,19 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["SHAPES", "stack_distances", "synthetic_requests", "write_jsonl", "write_synthetic"]
+__all__ = [
+    "CHAT_DEAD_PER_OUT_TOKEN_S",
+    "CHAT_DEAD_S",
+    "CHAT_GAP_MEDIAN_S",
+    "CHAT_GAP_SIGMA",
+    "CHAT_MAX_TURNS",
+    "CHAT_P_CONTINUE",
+    "SHAPES",
+    "stack_distances",
+    "synthetic_requests",
+    "write_jsonl",
+    "write_synthetic",
+]
 
 SHAPES: tuple[str, ...] = (
     "chat",
@@ -158,6 +170,18 @@ def _noise(rnd: random.Random, ctx: _Ctx, sessions: int) -> list[_Event]:
     return noise
 
 
+#: the ``chat`` shape's session law (``benchmarks/online_headroom.py`` reads it): at most this many turns,
+#: each followed by another with this probability (a coin drawn after the turn, independent of everything
+#: a cache observes), after a gap of ``CHAT_DEAD_S + CHAT_DEAD_PER_OUT_TOKEN_S x output tokens`` plus a
+#: lognormal with this median and sigma
+CHAT_MAX_TURNS = 12
+CHAT_P_CONTINUE = 0.6
+CHAT_GAP_MEDIAN_S = 60.0
+CHAT_GAP_SIGMA = 1.0
+CHAT_DEAD_S = 5.0
+CHAT_DEAD_PER_OUT_TOKEN_S = 0.02
+
+
 def _chat_agent(rnd: random.Random, ctx: _Ctx, shape: str, sessions: int) -> list[_Event]:
     """``chat``, ``agent`` or ``mixed`` (the random draws are those of the first version: same traces)."""
     fresh = ctx.fresh
@@ -171,7 +195,7 @@ def _chat_agent(rnd: random.Random, ctx: _Ctx, shape: str, sessions: int) -> lis
         if kind == "chat":
             segs = [0]  # shared system prompt (segment 0)
             tokens = _BT * 1 + rnd.randint(50, 4000)
-            max_turns, p_cont = 12, 0.6
+            max_turns, p_cont = CHAT_MAX_TURNS, CHAT_P_CONTINUE
         else:
             segs = list(tool_prompts[rnd.choices(range(len(tool_prompts)), zipf)[0]])
             tokens = _BT * len(segs) + rnd.randint(50, 1500)
@@ -188,7 +212,11 @@ def _chat_agent(rnd: random.Random, ctx: _Ctx, shape: str, sessions: int) -> lis
             if tokens % _BT:  # the partial tail block changes once tokens are appended
                 segs = segs[: tokens // _BT]
             if kind == "chat":
-                gap = 5.0 + 0.02 * out_len + rnd.lognormvariate(math.log(60.0), 1.0)
+                gap = (
+                    CHAT_DEAD_S
+                    + CHAT_DEAD_PER_OUT_TOKEN_S * out_len
+                    + rnd.lognormvariate(math.log(CHAT_GAP_MEDIAN_S), CHAT_GAP_SIGMA)
+                )
                 tokens += out_len + rnd.randint(20, 1500)
             else:
                 gap = rnd.expovariate(1 / 600.0) if rnd.random() < 0.05 else rnd.expovariate(1 / 8.0)
