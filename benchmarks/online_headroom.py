@@ -1,4 +1,4 @@
-"""How much of the LRU -> Belady gap an online policy can close on the synthetic ``chat`` shape.
+"""How much of the LRU -> Belady gap an online policy can close on the synthetic ``chat`` and ``bursty`` shapes.
 
 Belady knows every future access. On ``chat`` (``tierkv/lab/synth.py``) most of what that buys is one
 draw: after each turn a coin (``CHAT_P_CONTINUE`` = 0.6) decides whether the session has another turn. The
@@ -30,14 +30,20 @@ lab's ``lab-tierkv-session``, the same session ranking the library's session mod
 from __future__ import annotations
 
 import argparse
+import bisect
 import heapq
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from tierkv.lab.policies import next_use_index
 from tierkv.lab.replay import Trace, load_trace, make_policy, replay
 from tierkv.lab.synth import (
+    BURSTY_BURST,
+    BURSTY_BURST_RATE,
+    BURSTY_CALM,
+    BURSTY_GAP_SIGMA,
     CHAT_DEAD_PER_OUT_TOKEN_S,
     CHAT_DEAD_S,
     CHAT_GAP_MEDIAN_S,
@@ -47,30 +53,64 @@ from tierkv.lab.synth import (
     write_synthetic,
 )
 
-_MU = math.log(CHAT_GAP_MEDIAN_S)
-_MEAN = math.exp(_MU + CHAT_GAP_SIGMA**2 / 2)  # the lognormal part's mean
-
 
 def _phi(x: float) -> float:
     return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
 
 
-def density(age: float, dead: float, turn: int, p_cont: float) -> float:
-    """Expected hits per block-second of a session held from ``age`` seconds after its turn ``turn``
-    (1-based) until its next turn: ``P(next | none by age) / E[gap - age | gap > age, next]``, the gap
-    being ``dead`` plus the shape's lognormal; 0 after the last turn or with ``p_cont`` 0."""
-    if turn >= CHAT_MAX_TURNS or p_cont <= 0.0:
-        return 0.0
-    if age <= dead:
-        surv, rest = 1.0, dead - age + _MEAN
-    else:
-        lx = math.log(age - dead)
-        surv = _phi((_MU - lx) / CHAT_GAP_SIGMA)
-        if surv < 1e-12:
+@dataclass(frozen=True, slots=True)
+class Law:
+    """One kind of session of a shape: at most ``max_turns`` turns, each followed by another with
+    probability ``p_cont``, after ``CHAT_DEAD_S + CHAT_DEAD_PER_OUT_TOKEN_S x output tokens`` plus a
+    lognormal of median ``median_s`` and ``sigma``."""
+
+    max_turns: int
+    p_cont: float
+    sigma: float
+    median_s: float = CHAT_GAP_MEDIAN_S
+
+    def density(self, age: float, dead: float, turn: int, p_cont: float) -> float:
+        """Expected hits per block-second of a session held from ``age`` seconds after its turn ``turn``
+        (1-based) until its next turn: ``P(next | none by age) / E[gap - age | gap > age, next]``, the gap
+        being ``dead`` plus the lognormal; 0 after the last turn or with ``p_cont`` 0."""
+        if turn >= self.max_turns or p_cont <= 0.0:
             return 0.0
-        rest = _MEAN * _phi((_MU + CHAT_GAP_SIGMA**2 - lx) / CHAT_GAP_SIGMA) / surv - (age - dead)
-    p = p_cont * surv / (p_cont * surv + 1.0 - p_cont)
-    return p / max(rest, 1e-9)
+        mu, sg = math.log(self.median_s), self.sigma
+        mean = math.exp(mu + sg * sg / 2)
+        if age <= dead:
+            surv, rest = 1.0, dead - age + mean
+        else:
+            lx = math.log(age - dead)
+            surv = _phi((mu - lx) / sg)
+            if surv < 1e-12:
+                return 0.0
+            rest = mean * _phi((mu + sg * sg - lx) / sg) / surv - (age - dead)
+        p = p_cont * surv / (p_cont * surv + 1.0 - p_cont)
+        return p / max(rest, 1e-9)
+
+
+CHAT = Law(CHAT_MAX_TURNS, CHAT_P_CONTINUE, CHAT_GAP_SIGMA)
+CALM = Law(BURSTY_CALM[0], BURSTY_CALM[1], BURSTY_GAP_SIGMA)
+BURST = Law(BURSTY_BURST[0], BURSTY_BURST[1], BURSTY_GAP_SIGMA)
+#: per shape: the blocks of the shared system prompt every prompt starts with
+SHARED = {"chat": 1, "bursty": 2}
+
+
+def session_laws(tr: Trace, shape: str, sids: Sequence[int], turns: Sequence[int]) -> dict[int, Law]:
+    """Each session's law. On ``bursty`` a session is a burst's when its first turn has at least 3 other
+    first turns within a second (bursts bring ``BURSTY_BURST_RATE`` per second, calm phases 0.25): read
+    from the whole trace, an advantage over a policy that must tell a burst as it comes."""
+    if shape == "chat":
+        return dict.fromkeys(sids, CHAT)
+    firsts = [tr.times[i] for i in range(len(sids)) if turns[i] == 1]
+    out: dict[int, Law] = {}
+    for i, s in enumerate(sids):
+        if turns[i] == 1:
+            t = tr.times[i]
+            near = bisect.bisect_right(firsts, t + 1.0) - bisect.bisect_left(firsts, t - 1.0) - 1
+            out[s] = BURST if near >= 3 else CALM
+    assert BURSTY_BURST_RATE > 3.0  # (the threshold assumes dense bursts)
+    return out
 
 
 def _whole(tr: Trace, i: int) -> list[int]:
@@ -78,12 +118,13 @@ def _whole(tr: Trace, i: int) -> list[int]:
     return list(ids[:-1]) if tr.tail_partial[i] else list(ids)
 
 
-def chat_sessions(tr: Trace) -> tuple[list[int], list[int], list[bool]]:
+def chat_sessions(tr: Trace, shared: int = 1) -> tuple[list[int], list[int], list[bool]]:
     """Per request: its session (numbered from 1 in order of first turn), its turn (1-based) and whether
     a later request continues the session. A request continues the session whose previous turn's whole
     blocks its own whole blocks extend (the deepest such block, chained ids being unique per prefix). A
-    turn whose only whole block is the shared first one (the system prompt) leaves nothing to extend: its
-    next turn counts as a new session (such a turn holds no block of its own, so a cache loses nothing)."""
+    turn whose only whole blocks are the ``shared`` first ones (the system prompt) leaves nothing to
+    extend: its next turn counts as a new session (such a turn holds no block of its own, so a cache
+    loses nothing)."""
     owner: dict[int, int] = {}  # the last whole block of a session's latest turn -> session
     last: dict[int, int] = {}  # session -> its latest request
     sids: list[int] = []
@@ -100,7 +141,7 @@ def chat_sessions(tr: Trace) -> tuple[list[int], list[int], list[bool]]:
         last[sid] = i
         sids.append(sid)
         turns.append(turn)
-        if len(whole) > 1:
+        if len(whole) > shared:
             owner[whole[-1]] = sid
     return sids, turns, cont
 
@@ -109,16 +150,21 @@ class SessionLawPolicy:
     """The ``model`` policy (``coin``: told each turn's coin too), see the module docstring. Replays
     ``trace``'s requests in order (it reads their output lengths and sessions by position)."""
 
-    def __init__(self, capacity: int, trace: Trace, *, coin: bool = False) -> None:
+    def __init__(self, capacity: int, trace: Trace, *, shape: str = "chat", coin: bool = False) -> None:
         self.name = "coin" if coin else "model"
         self.cap = capacity
         self.tr = trace
-        self.sids, self.turns, self.cont = chat_sessions(trace)
+        self.shared = SHARED[shape]
+        self.sids, self.turns, self.cont = chat_sessions(trace, self.shared)
+        self.laws = session_laws(trace, shape, self.sids, self.turns)
         self.coin = coin
         self.i = 0
         self.held: dict[int, int] = {}  # block -> its session (0: a shared first block, always held)
         # session -> (time of its latest turn, that gap's dead time, turn, P(next), its held blocks root first)
         self.sess: dict[int, tuple[float, float, int, float, list[int]]] = {}
+
+    def _density(self, sid: int, age: float, dead: float, turn: int, p: float) -> float:
+        return self.laws[sid].density(age, dead, turn, p)
 
     def request(self, ids: Sequence[int], now: float, tail_partial: bool) -> tuple[int, int]:
         held = self.held
@@ -129,15 +175,16 @@ class SessionLawPolicy:
         whole = _whole(self.tr, i)
         sid, turn = self.sids[i], self.turns[i]
         dead = CHAT_DEAD_S + CHAT_DEAD_PER_OUT_TOKEN_S * self.tr.output_lengths[i]
-        p = (1.0 if self.cont[i] else 0.0) if self.coin else CHAT_P_CONTINUE
+        p = (1.0 if self.cont[i] else 0.0) if self.coin else self.laws[sid].p_cont
         old = self.sess.pop(sid, None)
         mine = old[4] if old else []
-        if whole and whole[0] not in held:
-            held[whole[0]] = 0
-        want = [b for b in whole[1:] if b not in held]
+        sh = self.shared
+        for b in whole[:sh]:
+            held.setdefault(b, 0)
+        want = [b for b in whole[sh:] if b not in held]
         if len(held) + len(want) > self.cap:
-            mine_new = density(0.0, dead, turn, p)
-            heap = [(density(now - t, d, k, q), s) for s, (t, d, k, q, bl) in self.sess.items() if bl]
+            mine_new = self._density(sid, 0.0, dead, turn, p)
+            heap = [(self._density(s, now - t, d, k, q), s) for s, (t, d, k, q, bl) in self.sess.items() if bl]
             heapq.heapify(heap)
             while heap and len(held) + len(want) > self.cap and heap[0][0] < mine_new:
                 _, s = heapq.heappop(heap)
@@ -148,12 +195,12 @@ class SessionLawPolicy:
         for b in want:
             held[b] = sid
         run: list[int] = []  # the session's held blocks: its prompt's, root first, while contiguous
-        for b in whole[1:]:
+        for b in whole[sh:]:
             if held.get(b, 0) == 0:
                 break
             held[b] = sid
             run.append(b)
-        for b in whole[1 + len(run) :]:
+        for b in whole[sh + len(run) :]:
             if held.get(b) == sid:
                 del held[b]  # past a gap: unreachable
         for b in mine:
@@ -175,8 +222,9 @@ def _rate(tr: Trace, pol: object, split: float) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="chat,bursty")
     ap.add_argument("--seeds", default="7,11,13")
-    ap.add_argument("--sessions", type=int, default=1500)
+    ap.add_argument("--sessions", type=int, default=1500, help="as benchmarks/lab_table.py's (both shapes)")
     ap.add_argument("--dir", default="/tmp/tierkv-lab-traces")
     ap.add_argument("--library", action="store_true", help="add the shipped library (tierkv-adaptive)")
     args = ap.parse_args()
@@ -184,29 +232,29 @@ def main() -> None:
     d.mkdir(parents=True, exist_ok=True)
     ours = "tierkv-adaptive" if args.library else "lab-tierkv-session"
     cols = ("lru", "belady", ours, "model", "coin")
-    print(
-        f"{'trace':<16}{'cap':>5}" + "".join(f"{c:>20}" for c in cols) + f"{'gap: ' + ours:>26}{'model':>8}{'coin':>8}"
-    )
-    for seed in args.seeds.split(","):
-        path = d / f"chat-{seed}.jsonl"
-        if not path.exists():
-            write_synthetic(path, "chat", seed=int(seed), sessions=args.sessions)
-        tr = load_trace(path)
-        split = tr.times[0] + 0.4 * (tr.times[-1] - tr.times[0])
-        nu = next_use_index(tr.blocks)
-        for frac in (0.01, 0.05, 0.10):
-            cap = max(1, round(frac * tr.distinct))
-            r = {c: _rate(tr, make_policy(c, cap, tr, nu), split) for c in cols[:3]}
-            r["model"] = _rate(tr, SessionLawPolicy(cap, tr), split)
-            r["coin"] = _rate(tr, SessionLawPolicy(cap, tr, coin=True), split)
-            span = r["belady"] - r["lru"]
-            gaps = [(r[c] - r["lru"]) / span if span > 0 else float("nan") for c in (ours, "model", "coin")]
-            print(
-                f"{'chat s' + seed:<16}{round(frac * 100):>4}%"
-                + "".join(f"{r[c]:>20.4f}" for c in cols)
-                + f"{gaps[0]:>26.0%}{gaps[1]:>8.0%}{gaps[2]:>8.0%}",
-                flush=True,
-            )
+    print(f"{'trace':<18}{'cap':>5}" + "".join(f"{c:>20}" for c in cols) + "   gap closed: ours / model / coin")
+    for shape in args.shapes.split(","):
+        for seed in args.seeds.split(","):
+            path = d / f"{shape}-{seed}.jsonl"
+            if not path.exists():
+                write_synthetic(path, shape, seed=int(seed), sessions=args.sessions)
+            tr = load_trace(path)
+            split = tr.times[0] + 0.4 * (tr.times[-1] - tr.times[0])
+            nu = next_use_index(tr.blocks)
+            for frac in (0.01, 0.05, 0.10):
+                cap = max(1, round(frac * tr.distinct))
+                r = {c: _rate(tr, make_policy(c, cap, tr, nu), split) for c in cols[:3]}
+                r["model"] = _rate(tr, SessionLawPolicy(cap, tr, shape=shape), split)
+                r["coin"] = _rate(tr, SessionLawPolicy(cap, tr, shape=shape, coin=True), split)
+                span = r["belady"] - r["lru"]
+                gaps = [(r[c] - r["lru"]) / span if span > 0 else float("nan") for c in (ours, "model", "coin")]
+                print(
+                    f"{shape + ' s' + seed:<18}{round(frac * 100):>4}%"
+                    + "".join(f"{r[c]:>20.4f}" for c in cols)
+                    + "   "
+                    + " / ".join(f"{g:.0%}" for g in gaps),
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -90,3 +90,22 @@ def test_the_session_law_policies_hold_a_prefix_cache_of_their_capacity(tmp_path
             whole = bench._whole(tr, i)
             assert run == whole[1 : 1 + len(run)]
         assert sum(replay(tr, bench.SessionLawPolicy(cap, tr, coin=coin), 0.0)["leads"]) > 0
+
+
+def test_bursty_sessions_get_the_law_of_their_phase(tmp_path: Path) -> None:
+    """On ``bursty`` a session whose first turn came in a burst gets the burst's law (at most 4 turns): no
+    session classified so has more turns, and both kinds occur."""
+    from tierkv.lab.synth import BURSTY_BURST
+
+    path = tmp_path / "bursty.jsonl"
+    write_synthetic(path, "bursty", seed=5, sessions=600)
+    tr = load_trace(path)
+    sids, turns, _ = bench.chat_sessions(tr, bench.SHARED["bursty"])
+    laws = bench.session_laws(tr, "bursty", sids, turns)
+    most: dict[int, int] = {}
+    for s, t in zip(sids, turns, strict=True):
+        most[s] = max(most.get(s, 0), t)
+    burst = [s for s, law in laws.items() if law is bench.BURST]
+    assert burst and len(burst) < len(laws)
+    assert all(most[s] <= BURSTY_BURST[0] for s in burst)
+    assert any(most[s] > BURSTY_BURST[0] for s in laws if laws[s] is bench.CALM)

@@ -88,6 +88,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 __all__ = [
+    "BURSTY_BURST",
+    "BURSTY_BURST_RATE",
+    "BURSTY_CALM",
+    "BURSTY_GAP_SIGMA",
     "CHAT_DEAD_PER_OUT_TOKEN_S",
     "CHAT_DEAD_S",
     "CHAT_GAP_MEDIAN_S",
@@ -332,12 +336,25 @@ def _agent_tools(rnd: random.Random, ctx: _Ctx, sessions: int) -> list[_Event]:
     return events
 
 
+#: the ``bursty`` shape's session laws (``benchmarks/online_headroom.py`` reads them): (at most turns,
+#: continuation probability) of a calm phase's session and of a burst's, and the lognormal part's sigma of
+#: the gap (its median and dead time are chat's); bursts of first turns at this rate per second
+BURSTY_CALM = (30, 0.88)
+BURSTY_BURST = (4, 0.1)
+BURSTY_GAP_SIGMA = 0.8
+BURSTY_BURST_RATE = 10.0
+
+
 def _bursty(rnd: random.Random, ctx: _Ctx, sessions: int) -> list[_Event]:
     system = [ctx.fresh(), ctx.fresh()]
     events: list[_Event] = []
 
     def gap(out: int) -> float:
-        return 5.0 + 0.02 * out + rnd.lognormvariate(math.log(60.0), 0.8)
+        return (
+            CHAT_DEAD_S
+            + CHAT_DEAD_PER_OUT_TOKEN_S * out
+            + rnd.lognormvariate(math.log(CHAT_GAP_MEDIAN_S), BURSTY_GAP_SIGMA)
+        )
 
     def added(out: int) -> int:
         return out + rnd.randint(20, 1500)
@@ -345,14 +362,14 @@ def _bursty(rnd: random.Random, ctx: _Ctx, sessions: int) -> list[_Event]:
     t, started, burst = 0.0, 0, False
     while started < sessions:
         end = t + (rnd.uniform(15.0, 45.0) if burst else rnd.uniform(200.0, 500.0))
-        rate = 10.0 if burst else 0.25
+        rate = BURSTY_BURST_RATE if burst else 0.25
         while started < sessions:
             t += rnd.expovariate(rate)
             if t >= end:
                 t = end
                 break
             started += 1
-            max_turns, p_cont = (4, 0.1) if burst else (30, 0.88)
+            max_turns, p_cont = BURSTY_BURST if burst else BURSTY_CALM
             tokens = _BT * len(system) + rnd.randint(100, 3000)
             _conversation(rnd, ctx, events, "bursty", t, list(system), tokens, max_turns, p_cont, gap, added)
         burst = not burst
