@@ -1,5 +1,5 @@
 """The lab table of issue 22: the shipped library's prefix hit rate on every synthetic shape at several
-seeds and on the whole Mooncake conversation trace, beside the classical policies and Belady.
+seeds and on the whole Mooncake conversation and synthetic traces, beside the classical policies and Belady.
 
 Per trace and capacity (1 / 5 / 10% of its distinct blocks, split 0.4): LRU, ARC, S3-FIFO, W-TinyLFU and
 Belady (the lab's independent implementations), and ``--policy`` (default ``tierkv-adaptive``: a real
@@ -11,7 +11,8 @@ margin and the mean gap closed.
 Synthetic traces are generated into ``--dir`` when missing (``python -m tierkv.lab.synth``; sessions per
 shape as in ``benchmarks/results/2026-12-03-session8.txt``: bursty 1500, rag 2000, agent_tools 100, chat
 1500, mixture 1500; and sysprompt 12000 requests, added in ``2026-12-04-session12.txt``). Rows run in ``--jobs`` processes. Run:
-``python benchmarks/lab_table.py [--seeds 7,11,13] [--shapes ...] [--no-mooncake] [--jobs 2]``
+``python benchmarks/lab_table.py [--seeds 7,11,13] [--shapes ...] [--no-mooncake] [--jobs 2]`` (``--no-mooncake``: neither
+Mooncake trace)
 (about 5-6 minutes on the 2-vCPU development VM).
 """
 
@@ -29,7 +30,10 @@ from tierkv.lab.replay import load_trace, make_policy, replay
 SESSIONS = {"bursty": 1500, "rag": 2000, "agent_tools": 100, "chat": 1500, "mixture": 1500, "sysprompt": 12000}
 CLASSICAL = ("lru", "arc", "s3fifo", "tinylfu")
 CAPS = (0.01, 0.05, 0.10)
-MOONCAKE = Path(__file__).resolve().parent.parent / "tests" / "data" / "traces" / "mooncake_conversation_trace.jsonl"
+_TRACES = Path(__file__).resolve().parent.parent / "tests" / "data" / "traces"
+MOONCAKE = _TRACES / "mooncake_conversation_trace.jsonl"
+#: the release's synthetic workload (public datasets, Poisson arrivals), added in session 18
+MOONCAKE_SYNTHETIC = _TRACES / "mooncake_synthetic_trace.jsonl"
 
 
 def _row(job: tuple[str, str, float, str]) -> tuple[str, float, dict[str, float]]:
@@ -62,7 +66,11 @@ def main() -> None:
     args = ap.parse_args()
     d = Path(args.dir)
     d.mkdir(parents=True, exist_ok=True)
-    traces: list[tuple[str, str]] = [] if args.no_mooncake else [("mooncake (whole)", str(MOONCAKE))]
+    traces: list[tuple[str, str]] = (
+        []
+        if args.no_mooncake
+        else [("mooncake (whole)", str(MOONCAKE)), ("mooncake-synth (whole)", str(MOONCAKE_SYNTHETIC))]
+    )
     for seed in args.seeds.split(","):
         for shape in args.shapes.split(","):
             p = d / f"{shape}-{seed}.jsonl"

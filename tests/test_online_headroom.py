@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tierkv.lab.replay import load_trace, replay
 from tierkv.lab.synth import CHAT_MAX_TURNS, write_synthetic
 
@@ -92,20 +94,24 @@ def test_the_session_law_policies_hold_a_prefix_cache_of_their_capacity(tmp_path
         assert sum(replay(tr, bench.SessionLawPolicy(cap, tr, coin=coin), 0.0)["leads"]) > 0
 
 
-def test_bursty_sessions_get_the_law_of_their_phase(tmp_path: Path) -> None:
-    """On ``bursty`` a session whose first turn came in a burst gets the burst's law (at most 4 turns): no
-    session classified so has more turns, and both kinds occur."""
+@pytest.mark.parametrize("seed", [1, 2, 5])
+def test_bursty_sessions_get_the_law_of_their_phase(tmp_path: Path, seed: int) -> None:
+    """On ``bursty`` a session whose first turn came in a burst gets the burst's law (at most 4 turns):
+    both kinds occur, and few sessions with more turns than a burst's are taken for one (the kind is
+    estimated from the density of first turns: one starting at a burst's edge can be)."""
     from tierkv.lab.synth import BURSTY_BURST
 
     path = tmp_path / "bursty.jsonl"
-    write_synthetic(path, "bursty", seed=5, sessions=600)
+    write_synthetic(path, "bursty", seed=seed, sessions=600)
     tr = load_trace(path)
     sids, turns, _ = bench.chat_sessions(tr, bench.SHARED["bursty"])
     laws = bench.session_laws(tr, "bursty", sids, turns)
     most: dict[int, int] = {}
     for s, t in zip(sids, turns, strict=True):
         most[s] = max(most.get(s, 0), t)
+    assert set(laws) == set(most)
     burst = [s for s, law in laws.items() if law is bench.BURST]
-    assert burst and len(burst) < len(laws)
-    assert all(most[s] <= BURSTY_BURST[0] for s in burst)
-    assert any(most[s] > BURSTY_BURST[0] for s in laws if laws[s] is bench.CALM)
+    long = [s for s in most if most[s] > BURSTY_BURST[0]]  # calm sessions, certainly
+    assert burst and len(burst) < len(laws) and long
+    wrong = sum(1 for s in long if laws[s] is bench.BURST)
+    assert wrong <= 0.10 * len(long), (wrong, len(long))  # (1-7% on seeds 1-12)
