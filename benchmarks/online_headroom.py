@@ -45,7 +45,6 @@ from tierkv.lab.policies import next_use_index
 from tierkv.lab.replay import Trace, load_trace, make_policy, replay
 from tierkv.lab.synth import (
     BURSTY_BURST,
-    BURSTY_BURST_RATE,
     BURSTY_CALM,
     BURSTY_GAP_SIGMA,
     CHAT_DEAD_PER_OUT_TOKEN_S,
@@ -115,7 +114,6 @@ def session_laws(tr: Trace, shape: str, sids: Sequence[int], turns: Sequence[int
             t = tr.times[i]
             near = bisect.bisect_right(firsts, t + 1.0) - bisect.bisect_left(firsts, t - 1.0) - 1
             out[s] = BURST if near >= 3 else CALM
-    assert BURSTY_BURST_RATE > 3.0  # (the threshold assumes dense bursts)
     return out
 
 
@@ -158,12 +156,11 @@ class SessionLawPolicy:
 
     def __init__(self, capacity: int, trace: Trace, *, shape: str = "chat", coin: bool = False) -> None:
         self.name = "coin" if coin else "model"
-        self.shared_n = SHARED[shape]
-        if capacity <= self.shared_n:
-            raise ValueError(f"capacity {capacity} must exceed the {self.shared_n} shared blocks")
+        self.shared = SHARED[shape]
+        if capacity <= self.shared:
+            raise ValueError(f"capacity {capacity} must exceed the {self.shared} shared blocks")
         self.cap = capacity
         self.tr = trace
-        self.shared = self.shared_n
         self.sids, self.turns, self.cont = chat_sessions(trace, self.shared)
         self.laws = session_laws(trace, shape, self.sids, self.turns)
         self.coin = coin
@@ -171,9 +168,6 @@ class SessionLawPolicy:
         self.held: dict[int, int] = {}  # block -> its session (0: a shared first block, always held)
         # session -> (time of its latest turn, that gap's dead time, turn, P(next), its held blocks root first)
         self.sess: dict[int, tuple[float, float, int, float, list[int]]] = {}
-
-    def _density(self, sid: int, age: float, dead: float, turn: int, p: float) -> float:
-        return self.laws[sid].density(age, dead, turn, p)
 
     def request(self, ids: Sequence[int], now: float, tail_partial: bool) -> tuple[int, int]:
         held = self.held
@@ -191,8 +185,9 @@ class SessionLawPolicy:
             held.setdefault(b, 0)
         want = [b for b in whole[sh:] if b not in held]
         if len(held) + len(want) > self.cap:
-            mine_new = self._density(sid, 0.0, dead, turn, p)
-            heap = [(self._density(s, now - t, d, k, q), s) for s, (t, d, k, q, bl) in self.sess.items() if bl]
+            laws = self.laws
+            mine_new = laws[sid].density(0.0, dead, turn, p)
+            heap = [(laws[s].density(now - t, d, k, q), s) for s, (t, d, k, q, bl) in self.sess.items() if bl]
             heapq.heapify(heap)
             while heap and len(held) + len(want) > self.cap and heap[0][0] < mine_new:
                 _, s = heapq.heappop(heap)
