@@ -403,6 +403,49 @@ def test_a_change_point_switches_the_recency_mode_only_while_the_cache_follows_r
     assert (ad._adm_hits != 100.0) == on_recency and ad._rec_fast == (0.0 if on_recency else 100.0)
 
 
+def _after_change_point(last: list[float]) -> TauAdapter:
+    """The segmented mode followed on a long lead, then two decisions in which LRU's shadow scores far more
+    (a change point: LRU takes over), then one decision whose hits are ``last`` (fed as ``_serve`` and
+    ``_choose`` feed them)."""
+    ad = TauAdapter((300.0,), 300.0, 64, every=32, recency=True, bypass=False)
+    ad.recency_mode = True
+    ad._set_recency(2)
+    saved = [100.0, 10.0, 300.0, 50.0, 60.0, 290.0]
+    ad._set_fast_counts(saved)
+    ad._jump = [60.0, 2.0, 3.0, 1.0, 1.0, 3.0]
+    ad._choose_recency()
+    assert ad._recency_index == 0 and ad._prov is not None  # a change point: LRU, counts restarted
+    md = ad._mode_decay
+    ad._set_fast_counts([c * md + x for c, x in zip(ad._fast_counts(), last, strict=True)])
+    ad._jump = [j * ad._JUMP_DECAY + x for j, x in zip(ad._jump, last, strict=True)]
+    ad._last = list(last)
+    return ad
+
+
+def test_a_change_point_the_next_decision_contradicts_is_undone() -> None:
+    """The decision after the change point has the mode left (segmented) far ahead of the mode taken
+    (LRU): the change did not happen. The segmented mode is followed again, with its counts as if the
+    restart had not been: what they were before it, decayed once, plus the new decision's hits."""
+    last = [0.0, 0.0, 20.0, 0.0, 0.0, 20.0]
+    ad = _after_change_point(last)
+    ad._choose_recency()
+    assert ad._recency_index == 2 and ad._prov is None
+    md = ad._mode_decay
+    want = [c * md + x for c, x in zip([100.0, 10.0, 300.0, 50.0, 60.0, 290.0], last, strict=True)]
+    assert ad._fast_counts() == pytest.approx(want)
+
+
+@pytest.mark.parametrize("last", [[15.0, 0.0, 0.0, 0.0, 0.0, 0.0], [3.0, 0.0, 5.0, 0.0, 0.0, 5.0]])
+def test_a_change_point_the_next_decisions_do_not_contradict_holds(last: list[float]) -> None:
+    """After the change point LRU keeps leading, or the segmented shadow leads by less than ``_UNDO_Z``
+    standard deviations: LRU stays, and after ``_PROVISIONAL`` decisions the change is final."""
+    ad = _after_change_point(last)
+    for _ in range(TauAdapter._PROVISIONAL):
+        ad._choose_recency()
+        assert ad._recency_index == 0
+    assert ad._prov is None
+
+
 @pytest.mark.parametrize("mode", ["admit_mode", "slru_mode", "arc_mode", "session_mode"])
 def test_a_resize_leaves_every_recency_sub_mode(mode: str) -> None:
     """A new capacity empties the shadows their counts describe, so the sub-mode chosen on them goes."""

@@ -171,6 +171,7 @@ class TauAdapter:
         "_fslru",
         "_hits",
         "_jump",
+        "_last",
         "_lead_cap",
         "_live_buf",
         "_live_hits",
@@ -178,6 +179,7 @@ class TauAdapter:
         "_margin",
         "_mode_decay",
         "_next",
+        "_prov",
         "_rec",
         "_rec_fast",
         "_rec_hits",
@@ -314,6 +316,10 @@ class TauAdapter:
         self._rec_fast = 0.0  # the LRU shadow's sampled hits decayed by ``mode_decay`` (vs _live_hits)
         # the recency shadows' (LRU, admission, segmented, ARC, session, fresh segmented) hits decayed by _JUMP_DECAY
         self._jump = [0.0] * 6
+        self._last = [0.0] * 6  # the same shadows' hits in the latest decision alone
+        # a change point not confirmed yet (see _choose_recency): (the mode left, the mode taken, what the
+        # restart added to each fast count, decisions since, each shadow's hits since); None: none pending
+        self._prov: tuple[int, int, list[float], int, list[float]] | None = None
         # (with ``recency``) the exploration budget (see _choose_mode): recency's best shadow's sampled
         # hits since the start (undecayed); the real cache's net sampled loss against it over every
         # decision on the predictor and the ``_RECOVER`` decisions after each stay (negative: a gain);
@@ -352,6 +358,8 @@ class TauAdapter:
         self._rec_hits = 0.0
         self._rec_fast = 0.0
         self._jump = [0.0] * 6
+        self._last = [0.0] * 6
+        self._prov = None
         self._ses_buf = 0
         self._ses_hits = self._ses_slow = 0.0
         self.session_mode = False
@@ -513,6 +521,7 @@ class TauAdapter:
             jd, j = self._JUMP_DECAY, self._jump
             for i, x in enumerate((h_lru, h_adm, h_slru, h, h_ses, h_fslru)):
                 j[i] = j[i] * jd + x
+                self._last[i] = float(x)
             m = 1.0 + self._margin
             best = max(
                 float(h_lru), max(h_adm, h_slru, h, h_ses, h_fslru) / m
@@ -754,21 +763,21 @@ class TauAdapter:
         counts restart from the recent ones (the older evidence describes another phase; kept, it would
         switch back). On the synthetic ``agent_tools`` shape (seed 19, 5%) admission led during the dense
         first phase and fell 28 points below LRU in the sparse tail, where the slow counts took
-        four decisions of the tail's twelve to follow (``benchmarks/results/2026-12-05-session13.txt``)."""
-        counts = [self._rec_fast, self._adm_hits, self._slru.hits, self._arc_hits, self._ses_hits, self._fslru.hits]
+        four decisions of the tail's twelve to follow (``benchmarks/results/2026-12-05-session13.txt``).
+        A change point stays provisional for ``_PROVISIONAL`` decisions: when the hits since it show the
+        mode left ahead of the mode taken by ``_UNDO_Z`` standard deviations, it is undone
+        (:meth:`_unconfirmed`; ``benchmarks/results/2026-12-05-session19.txt``)."""
+        counts = self._fast_counts()
         cur = self._recency_index
+        if self._unconfirmed(counts, cur):
+            return
         j = self._jump
         b = max(range(len(j)), key=j.__getitem__)
         if self.recency_mode and b != cur and j[b] - j[cur] > self._JUMP_Z * math.sqrt(j[b] + j[cur]):
             scale = (1.0 - self._JUMP_DECAY) / (1.0 - self._mode_decay) if self._mode_decay < 1.0 else 1.0
-            (
-                self._rec_fast,
-                self._adm_hits,
-                self._slru.hits,
-                self._arc_hits,
-                self._ses_hits,
-                self._fslru.hits,
-            ) = (x * scale for x in j)
+            restart = [x * scale for x in j]
+            self._prov = (cur, b, [r - c for r, c in zip(restart, counts, strict=True)], 0, [0.0] * len(j))
+            self._set_fast_counts(restart)
             self._set_recency(b)
             return
         rec = counts[0]
@@ -786,6 +795,45 @@ class TauAdapter:
             other = max((k for k in _FILTERED if k != cur), key=counts.__getitem__)
             if counts[other] > counts[cur]:
                 self._set_recency(other)  # another mode behind the admission filter: no margin
+
+    _PROVISIONAL = 2  # decisions after a change point during which the data since it can undo it
+    _UNDO_Z = 2.0  # how many standard deviations the mode left must lead by since the change point to undo it
+
+    def _fast_counts(self) -> list[float]:
+        """The recency shadows' ``mode_decay`` counts, numbered as :meth:`_set_recency` numbers the modes."""
+        return [self._rec_fast, self._adm_hits, self._slru.hits, self._arc_hits, self._ses_hits, self._fslru.hits]
+
+    def _set_fast_counts(self, c: Sequence[float]) -> None:
+        self._rec_fast, self._adm_hits, self._slru.hits, self._arc_hits, self._ses_hits, self._fslru.hits = c
+
+    def _unconfirmed(self, counts: list[float], cur: int) -> bool:
+        """Whether the decisions since a change point undid it (then the mode it left is followed again
+        and its restart of the counts is taken back: True). A change point is a hypothesis drawn from
+        about two decisions' hits, which cluster (a request's blocks hit together): on the Mooncake
+        synthetic trace at 5% one or two long requests held by LRU alone wiped twenty decisions of a
+        segmented lead. For ``_PROVISIONAL`` decisions after it, the shadows' hits since it (not
+        those that made it) are compared; when the mode left has scored more than the mode taken, the
+        change did not happen: the restart's additions (decayed since, the counts being linear in
+        them) are subtracted and the mode left is followed again."""
+        prov = self._prov
+        if prov is None:
+            return False
+        left, taken, added, k, since = prov
+        if not self.recency_mode or cur != taken:
+            self._prov = None  # superseded
+            return False
+        k += 1
+        for i, x in enumerate(self._last):
+            since[i] += x
+        d = since[left] - since[taken]
+        if d > 0 and d > self._UNDO_Z * math.sqrt(since[left] + since[taken]):
+            f = self._mode_decay**k
+            self._set_fast_counts([c - a * f for c, a in zip(counts, added, strict=True)])
+            self._set_recency(left)
+            self._prov = None
+            return True
+        self._prov = None if k >= self._PROVISIONAL else (left, taken, added, k, since)
+        return False
 
     @property
     def _recency_index(self) -> int:
