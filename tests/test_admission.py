@@ -403,47 +403,84 @@ def test_a_change_point_switches_the_recency_mode_only_while_the_cache_follows_r
     assert (ad._adm_hits != 100.0) == on_recency and ad._rec_fast == (0.0 if on_recency else 100.0)
 
 
-def _after_change_point(last: list[float]) -> TauAdapter:
-    """The segmented mode followed on a long lead, then two decisions in which LRU's shadow scores far more
-    (a change point: LRU takes over), then one decision whose hits are ``last`` (fed as ``_serve`` and
-    ``_choose`` feed them)."""
-    ad = TauAdapter((300.0,), 300.0, 64, every=32, recency=True, bypass=False)
+_SEG_LEAD = [100.0, 10.0, 300.0, 50.0, 60.0, 290.0]  # fast counts: LRU, admission, segmented, ARC, session, fresh
+_LRU_BURST = [60.0, 2.0, 3.0, 1.0, 1.0, 3.0]  # one decision's hits: LRU far ahead (a change point)
+_NONE = [0.0] * 6
+
+
+def _decide(ad: TauAdapter, hits: list[float]) -> None:
+    """One decision whose recency shadows' hits are ``hits``: added to the counts as ``_serve`` adds them,
+    then the real ``_choose`` (the predictor's shadow scores nothing, so the cache stays on recency)."""
+    ad._set_fast_counts([c + x for c, x in zip(ad._fast_counts(), hits, strict=True)])
+    ad._jump = [j * ad._JUMP_DECAY + x for j, x in zip(ad._jump, hits, strict=True)]
+    ad._last = list(hits)
+    ad._choose(0.0)
+
+
+class _NoChangePoints(TauAdapter):
+    """The reference run: the same adapter without change points."""
+
+    _JUMP_Z = math.inf
+
+
+def _on_segmented(cls: type[TauAdapter] = TauAdapter) -> TauAdapter:
+    ad = cls((300.0,), 300.0, 64, every=32, recency=True, bypass=False)
     ad.recency_mode = True
     ad._set_recency(2)
-    saved = [100.0, 10.0, 300.0, 50.0, 60.0, 290.0]
-    ad._set_fast_counts(saved)
-    ad._jump = [60.0, 2.0, 3.0, 1.0, 1.0, 3.0]
-    ad._choose_recency()
-    assert ad._recency_index == 0 and ad._prov is not None  # a change point: LRU, counts restarted
-    md = ad._mode_decay
-    ad._set_fast_counts([c * md + x for c, x in zip(ad._fast_counts(), last, strict=True)])
-    ad._jump = [j * ad._JUMP_DECAY + x for j, x in zip(ad._jump, last, strict=True)]
-    ad._last = list(last)
+    ad._set_fast_counts(_SEG_LEAD)
     return ad
 
 
-def test_a_change_point_the_next_decision_contradicts_is_undone() -> None:
-    """The decision after the change point has the mode left (segmented) far ahead of the mode taken
-    (LRU): the change did not happen. The segmented mode is followed again, with its counts as if the
-    restart had not been: what they were before it, decayed once, plus the new decision's hits."""
-    last = [0.0, 0.0, 20.0, 0.0, 0.0, 20.0]
-    ad = _after_change_point(last)
-    ad._choose_recency()
+@pytest.mark.parametrize("at", [1, 2])
+def test_a_change_point_the_next_decisions_contradict_is_undone_exactly(at: int) -> None:
+    """The segmented mode leads; one decision's burst of LRU hits makes a change point (LRU takes over, the
+    counts restart). When a decision within ``_PROVISIONAL`` after it has the segmented shadow far ahead
+    (by more than ``_UNDO_Z`` standard deviations since the change point), the change is undone: the
+    segmented mode is followed again and every count is what it is in a run without change points."""
+    ad, ref = _on_segmented(), _on_segmented(_NoChangePoints)
+    steps = [_LRU_BURST, *[_NONE] * (at - 1), [0.0, 0.0, 20.0, 0.0, 0.0, 20.0]]
+    for i, hits in enumerate(steps):
+        _decide(ad, hits)
+        _decide(ref, hits)
+        if i < len(steps) - 1:
+            assert ad._recency_index == 0 and ref._recency_index == 2
     assert ad._recency_index == 2 and ad._prov is None
-    md = ad._mode_decay
-    want = [c * md + x for c, x in zip([100.0, 10.0, 300.0, 50.0, 60.0, 290.0], last, strict=True)]
-    assert ad._fast_counts() == pytest.approx(want)
+    assert ad._fast_counts() == pytest.approx(ref._fast_counts(), rel=1e-12)
 
 
-@pytest.mark.parametrize("last", [[15.0, 0.0, 0.0, 0.0, 0.0, 0.0], [3.0, 0.0, 5.0, 0.0, 0.0, 5.0]])
-def test_a_change_point_the_next_decisions_do_not_contradict_holds(last: list[float]) -> None:
-    """After the change point LRU keeps leading, or the segmented shadow leads by less than ``_UNDO_Z``
-    standard deviations: LRU stays, and after ``_PROVISIONAL`` decisions the change is final."""
-    ad = _after_change_point(last)
-    for _ in range(TauAdapter._PROVISIONAL):
-        ad._choose_recency()
-        assert ad._recency_index == 0
-    assert ad._prov is None
+def test_a_change_point_holds_once_its_window_has_passed() -> None:
+    """The same contradiction one decision after the window (two decisions): the change point is final,
+    LRU stays."""
+    ad = _on_segmented()
+    for hits in [_LRU_BURST, _NONE, _NONE]:
+        _decide(ad, hits)
+    assert ad._recency_index == 0 and ad._prov is None
+    _decide(ad, [0.0, 0.0, 20.0, 0.0, 0.0, 20.0])
+    assert ad._recency_index == 0
+
+
+@pytest.mark.parametrize(("seg", "undone"), [(26.0, True), (22.0, False), (0.0, False)])
+def test_a_change_point_is_undone_only_past_the_undo_threshold(seg: float, undone: bool) -> None:
+    """LRU scores 12 in the decision after the change point; the segmented shadow 26 (a lead of 2.3
+    standard deviations: undone), 22 (1.7: it holds) or 0 (LRU ahead: it holds)."""
+    assert TauAdapter._UNDO_Z == 2.0
+    ad = _on_segmented()
+    _decide(ad, _LRU_BURST)
+    _decide(ad, [12.0, 0.0, seg, 0.0, 0.0, seg])
+    assert (ad._recency_index == 2) == undone
+
+
+def test_an_undone_burst_does_not_make_the_change_point_again() -> None:
+    """A burst large enough to stay significant in the recent counts a decision later (200 LRU hits),
+    undone by the next decision: the decision after it, with no hits at all, does not switch again."""
+    ad = _on_segmented()
+    _decide(ad, [200.0, 2.0, 3.0, 1.0, 1.0, 3.0])
+    assert ad._recency_index == 0
+    _decide(ad, [0.0, 0.0, 20.0, 0.0, 0.0, 20.0])
+    assert ad._recency_index == 2
+    for _ in range(3):
+        _decide(ad, _NONE)
+        assert ad._recency_index == 2
 
 
 @pytest.mark.parametrize("mode", ["admit_mode", "slru_mode", "arc_mode", "session_mode"])

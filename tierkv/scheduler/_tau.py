@@ -808,30 +808,41 @@ class TauAdapter:
 
     def _unconfirmed(self, counts: list[float], cur: int) -> bool:
         """Whether the decisions since a change point undid it (then the mode it left is followed again
-        and its restart of the counts is taken back: True). A change point is a hypothesis drawn from
+        and the restart of the counts is taken back: True). A change point is a hypothesis drawn from
         about two decisions' hits, which cluster (a request's blocks hit together): on the Mooncake
         synthetic trace at 5% one or two long requests held by LRU alone wiped twenty decisions of a
         segmented lead. For ``_PROVISIONAL`` decisions after it, the shadows' hits since it (not
-        those that made it) are compared; when the mode left has scored more than the mode taken, the
-        change did not happen: the restart's additions (decayed since, the counts being linear in
-        them) are subtracted and the mode left is followed again."""
+        those that made it) are compared; when the mode left leads the mode taken by more than
+        ``_UNDO_Z`` standard deviations (``d > z sqrt(a + b)``, as the change point's own test), the
+        change did not happen: the restart's additions to every shadow's counts (decayed since, the
+        counts being linear in them) are subtracted, the mode left is followed again, and the burst
+        that made the change point is taken out of the recent counts (the mode taken keeps no more
+        there than the mode left: left in, it would make the same change point at the next decision).
+        When the ordinary rule has gone back to the mode left within the window, the restart is taken
+        back too; when it has gone elsewhere (or to the predictor), or a second change point came, the
+        restart stands (one change point is pending at a time)."""
         prov = self._prov
         if prov is None:
             return False
         left, taken, added, k, since = prov
-        if not self.recency_mode or cur != taken:
+        if not self.recency_mode or cur not in (left, taken):
             self._prov = None  # superseded
             return False
         k += 1
         for i, x in enumerate(self._last):
             since[i] += x
         d = since[left] - since[taken]
-        if d > 0 and d > self._UNDO_Z * math.sqrt(since[left] + since[taken]):
+        undo = cur == left or d > self._UNDO_Z * math.sqrt(since[left] + since[taken])
+        if undo:
             f = self._mode_decay**k
-            self._set_fast_counts([c - a * f for c, a in zip(counts, added, strict=True)])
-            self._set_recency(left)
+            self._set_fast_counts([max(0.0, c - a * f) for c, a in zip(counts, added, strict=True)])
+            j = self._jump
+            j[taken] = min(j[taken], j[left])
             self._prov = None
-            return True
+            if cur == taken:
+                self._set_recency(left)
+                return True
+            return False
         self._prov = None if k >= self._PROVISIONAL else (left, taken, added, k, since)
         return False
 
