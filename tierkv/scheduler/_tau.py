@@ -888,12 +888,7 @@ class TauAdapter:
         self._arc_slow *= d
         self._ses_slow *= d
         md = self._mode_decay
-        self._rec_fast *= md
-        self._adm_hits *= md
-        self._slru.hits *= md
-        self._fslru.hits *= md
-        self._arc_hits *= md
-        self._ses_hits *= md
+        self._set_fast_counts([c * md for c in self._fast_counts()])
         self._live_hits *= md
         if not self.recency_mode:  # the predictor's banked lead is capped (see _choose_mode)
             self._live_hits = min(self._live_hits, self._recency_best() * (1.0 + self._lead_cap * (1.0 - md)))
