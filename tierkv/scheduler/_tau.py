@@ -207,7 +207,7 @@ class TauAdapter:
         "trace",
     )
 
-    _GRACE = 8  # decisions after a switch to the predictor before recency may take the cache back
+    _GRACE = 8  # decisions after a switch to the predictor before recency may take it back by a lead below _JUMP_Z
     _TRIAL = 32  # decisions on the predictor after which a trial has succeeded
     _BACKOFF0 = 8  # decisions on recency before the first trial (doubled by each failed trial)
     _BACKOFF_MAX = 1024
@@ -554,7 +554,13 @@ class TauAdapter:
         * on the predictor, recency takes the cache back as soon as its shadow leads *the real cache*
           (its sampled hits, :meth:`add`'s ``hit``: what the predictor really achieves, whatever its
           shadow says) at all, once the ``_GRACE`` decisions after a switch to the predictor have
-          passed (the features settle). These two counts decay by ``mode_decay`` (0.95: about the
+          passed (the features settle); within them, only a lead past the change-point threshold
+          (``_JUMP_Z`` standard deviations of the two counts: a lead that large is no lag of settling
+          features). The cache starts on the predictor in its grace; on a short trace (the
+          multi-round QA traces of ``benchmarks/adversarial_traces.py``: 900 requests, 28 decisions)
+          the segmented shadow led the real cache by 4 standard deviations from the sixth decision and
+          the full grace held the predictor to the tenth, a third of the trace
+          (``benchmarks/results/2026-12-05-session20.txt``). These two counts decay by ``mode_decay`` (0.95: about the
           last 20 decisions), faster than the candidates' ``decay``: the mode must follow a
           workload's phases. And the real cache's lead is capped at ``lead_cap`` decisions' worth of
           the shadow's hits (a saturating counter, as set dueling's selector): a lead banked in a
@@ -620,8 +626,11 @@ class TauAdapter:
         self._age += 1
         if self._age == self._TRIAL:
             self._backoff = self._BACKOFF0  # the predictor held: a later failure waits little
-        if self._age <= self._GRACE or self._recency_best() <= live:
+        best = self._recency_best()
+        if best <= live:
             return None
+        if self._age <= self._GRACE and best - live <= self._JUMP_Z * math.sqrt(best + live):
+            return None  # in the grace, only a lead past the change-point threshold counts
         self.recency_mode = True  # no margin: recency is the safe side
         self._recover = self._RECOVER
         if self._recover_cost:
