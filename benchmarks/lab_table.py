@@ -11,9 +11,11 @@ margin and the mean gap closed.
 Synthetic traces are generated into ``--dir`` when missing (``python -m tierkv.lab.synth``; sessions per
 shape as in ``benchmarks/results/2026-12-03-session8.txt``: bursty 1500, rag 2000, agent_tools 100, chat
 1500, mixture 1500; and sysprompt 12000 requests, added in ``2026-12-04-session12.txt``). Rows run in ``--jobs`` processes. Run:
-``python benchmarks/lab_table.py [--seeds 7,11,13] [--shapes ...] [--no-mooncake] [--jobs 2]`` (``--no-mooncake``: neither
-Mooncake trace)
-(about 5-6 minutes on the 2-vCPU development VM).
+``python benchmarks/lab_table.py [--seeds 7,11,13] [--shapes ...] [--no-mooncake] [--jobs 2] [--until F]``
+(``--no-mooncake``: neither Mooncake trace; about 5-6 minutes on the 2-vCPU development VM). ``--until F``
+replays only each trace's first ``F`` of its time span (``tierkv.lab.replay.truncate``), as a trace of its
+own: capacities from its distinct blocks, the split at 0.4 of its span. Short traces are a check of their
+own: an adaptive policy has only a few decisions to learn from (``--until 0.08``: 150-1,200 requests).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from multiprocessing import Pool
 from pathlib import Path
 
 from tierkv.lab.policies import next_use_index
-from tierkv.lab.replay import load_trace, make_policy, replay
+from tierkv.lab.replay import load_trace, make_policy, replay, truncate
 
 SESSIONS = {"bursty": 1500, "rag": 2000, "agent_tools": 100, "chat": 1500, "mixture": 1500, "sysprompt": 12000}
 CLASSICAL = ("lru", "arc", "s3fifo", "tinylfu")
@@ -36,9 +38,11 @@ MOONCAKE = _TRACES / "mooncake_conversation_trace.jsonl"
 MOONCAKE_SYNTHETIC = _TRACES / "mooncake_synthetic_trace.jsonl"
 
 
-def _row(job: tuple[str, str, float, str]) -> tuple[str, float, dict[str, float]]:
-    label, path, cap, policy = job
+def _row(job: tuple[str, str, float, str, float]) -> tuple[str, float, dict[str, float]]:
+    label, path, cap, policy, until = job
     tr = load_trace(path)
+    if until < 1.0:
+        tr = truncate(tr, until)
     c = max(1, round(cap * tr.distinct))
     split = tr.times[0] + 0.4 * (tr.times[-1] - tr.times[0])
     nu = next_use_index(tr.blocks)
@@ -63,7 +67,10 @@ def main() -> None:
     ap.add_argument("--dir", default="/tmp/tierkv-lab-traces")
     ap.add_argument("--no-mooncake", action="store_true")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--until", type=float, default=1.0, help="replay each trace's first fraction of time only")
     args = ap.parse_args()
+    if not 0.0 < args.until <= 1.0:
+        ap.error("--until must be in (0, 1]")
     d = Path(args.dir)
     d.mkdir(parents=True, exist_ok=True)
     traces: list[tuple[str, str]] = (
@@ -82,11 +89,14 @@ def main() -> None:
                     stdout=subprocess.DEVNULL,
                 )
             traces.append((f"{shape} (seed {seed})", str(p)))
-    jobs = [(label, path, cap, args.policy) for label, path in traces for cap in CAPS]
+    if args.until < 1.0:
+        traces = [(label.replace(")", f", first {100 * args.until:g}%)"), path) for label, path in traces]
+    jobs = [(label, path, cap, args.policy, args.until) for label, path in traces for cap in CAPS]
     with Pool(args.jobs) as pool:
         rows = pool.map(_row, jobs, chunksize=1)
+    w = max(22, *(len(label) + 1 for label, _ in traces))
     print(
-        f"{'trace':<22}{'cap':>4} {'lru':>7} {'best classical':>16} {'belady':>7} {args.policy:>16} {'vs best':>8} {'gap':>5}"
+        f"{'trace':<{w}}{'cap':>4} {'lru':>7} {'best classical':>16} {'belady':>7} {args.policy:>16} {'vs best':>8} {'gap':>5}"
     )
     below, worst, gaps = 0, 0.0, []
     for label, cap, r in rows:
@@ -100,7 +110,7 @@ def main() -> None:
         below += margin < -0.05
         worst = min(worst, margin)
         print(
-            f"{label:<22}{cap * 100:>3.0f}% {r['lru']:>7.4f} {best:>8} {r[best]:.4f} {r['belady']:>7.4f} {v:>16.4f}"
+            f"{label:<{w}}{cap * 100:>3.0f}% {r['lru']:>7.4f} {best:>8} {r[best]:.4f} {r['belady']:>7.4f} {v:>16.4f}"
             f" {margin:>+8.1f} {'-' if gap is None else f'{100 * gap:.0f}%':>5}"
         )
     mean = 100 * sum(gaps) / len(gaps) if gaps else float("nan")
