@@ -118,35 +118,34 @@ def test_adapter_follows_a_phase_change_whatever_the_predictor_won_before(warm: 
 
 
 class _FullGrace(TauAdapter):
-    """The adapter whose grace only its length ends (no change points either)."""
+    """The adapter whose grace only its length ends (and no change point is ever undone)."""
 
-    _JUMP_Z = math.inf
+    _UNDO_Z = math.inf
 
 
 @pytest.mark.parametrize("every", [8, 32])
 def test_a_clear_lead_of_recency_ends_the_predictors_grace(every: int) -> None:
     """The cache starts on the predictor in its grace; where recency wins from the first request, a
-    lead past the change-point threshold hands the cache to recency within the grace (the full grace
+    lead past the undo threshold hands the cache to recency within the grace (the full grace
     waits ``_GRACE`` decisions: a third of a 900-request trace at 32 requests per decision)."""
     world = _returns_world(2000, 2, -2.0, 2.0)  # lying values: recency keeps the returns, the predictor not
     early = _drive(TauAdapter((300.0,), 300.0, 24, every=every, recency=True, bypass=False), world)
     full = _drive(_FullGrace((300.0,), 300.0, 24, every=every, recency=True, bypass=False), world)
     grace = (TauAdapter._GRACE + 1) * every  # the request whose decision ends the grace
     assert full.index(True) == grace - 1
-    assert early.index(True) < grace // 2, early.index(True)  # (measured: the 4th decision)
+    assert early.index(True) < grace // 2, early.index(True)  # (measured: the first decision)
     assert all(early[early.index(True) :])  # and it stays there
 
 
 @pytest.mark.parametrize(("excess", "age", "to_recency"), [(1.0, 1, True), (-1.0, 1, False), (-1.0, 9, True)])
-def test_in_the_grace_only_a_lead_past_the_change_point_threshold_counts(
-    excess: float, age: int, to_recency: bool
-) -> None:
+def test_in_the_grace_only_a_lead_past_the_undo_threshold_counts(excess: float, age: int, to_recency: bool) -> None:
     """In the grace (``age`` decisions after the switch to the predictor) recency takes the cache
-    only when its best shadow leads the real cache by more than ``_JUMP_Z`` standard deviations of
-    the two counts; past the grace, any lead does."""
+    only when its best shadow leads the real cache by more than ``_UNDO_Z`` standard deviations of
+    the two counts (the stay is provisional, as a change point in its window); past the grace, any
+    lead does."""
     ad = TauAdapter((300.0,), 300.0, 64, every=32, recency=True, bypass=False)
     assert not ad.recency_mode
-    live, z = 400.0, ad._JUMP_Z
+    live, z = 400.0, ad._UNDO_Z
     d = (z * z + math.sqrt(z**4 + 8 * z * z * live)) / 2  # d = z * sqrt(live + (live + d)): the threshold
     ad._age = age - 1  # (the decision counts itself)
     ad._live_hits = live

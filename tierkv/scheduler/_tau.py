@@ -207,7 +207,7 @@ class TauAdapter:
         "trace",
     )
 
-    _GRACE = 8  # decisions after a switch to the predictor before recency may take it back by a lead below _JUMP_Z
+    _GRACE = 8  # decisions after a switch to the predictor before recency may take it back by a lead below _UNDO_Z
     _TRIAL = 32  # decisions on the predictor after which a trial has succeeded
     _BACKOFF0 = 8  # decisions on recency before the first trial (doubled by each failed trial)
     _BACKOFF_MAX = 1024
@@ -554,14 +554,16 @@ class TauAdapter:
         * on the predictor, recency takes the cache back as soon as its shadow leads *the real cache*
           (its sampled hits, :meth:`add`'s ``hit``: what the predictor really achieves, whatever its
           shadow says) at all, once the ``_GRACE`` decisions after a switch to the predictor have
-          passed (the features settle); within them, only a lead past the change-point threshold
-          (``_JUMP_Z`` standard deviations of the two counts: a lead that large is no lag of settling
-          features). The cache starts on the predictor in its grace; on a short trace (the
-          multi-round QA traces of ``benchmarks/adversarial_traces.py``: 900 requests, 28 decisions)
-          the segmented shadow led the real cache by 4 standard deviations from the sixth decision and
-          the full grace held the predictor to the tenth, a third of the trace
-          (``benchmarks/results/2026-12-05-session20.txt``). These two counts decay by ``mode_decay`` (0.95: about the
-          last 20 decisions), faster than the candidates' ``decay``: the mode must follow a
+          passed (the features settle). Within them the stay is provisional, as a change point is
+          in its window (:meth:`_unconfirmed`): a lead of more than ``_UNDO_Z`` standard deviations
+          of the two counts ends it. The cache starts on the predictor, in its grace, on no evidence;
+          with the grace alone, on a short trace (the multi-round QA traces of
+          ``benchmarks/adversarial_traces.py``: 900 requests, 28 decisions) the predictor held the
+          cache to the tenth decision, a third of the trace, while the segmented shadow had led the
+          real cache by 4 standard deviations since the sixth; on the first 8% of the lab's traces
+          (150-1,200 requests) 29 of 36 rows were below the best classical policy
+          (``benchmarks/results/2026-12-05-session20.txt``). These two counts decay by
+          ``mode_decay`` (0.95: about the last 20 decisions), faster than the candidates' ``decay``: the mode must follow a
           workload's phases. And the real cache's lead is capped at ``lead_cap`` decisions' worth of
           the shadow's hits (a saturating counter, as set dueling's selector): a lead banked in a
           phase where prediction won cannot hold the cache on the predictor through a later phase
@@ -629,8 +631,8 @@ class TauAdapter:
         best = self._recency_best()
         if best <= live:
             return None
-        if self._age <= self._GRACE and best - live <= self._JUMP_Z * math.sqrt(best + live):
-            return None  # in the grace, only a lead past the change-point threshold counts
+        if self._age <= self._GRACE and best - live <= self._UNDO_Z * math.sqrt(best + live):
+            return None  # in the grace, only a lead past the undo threshold counts
         self.recency_mode = True  # no margin: recency is the safe side
         self._recover = self._RECOVER
         if self._recover_cost:
