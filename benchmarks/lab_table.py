@@ -90,7 +90,11 @@ def main() -> None:
                 )
             traces.append((f"{shape} (seed {seed})", str(p)))
     if args.until < 1.0:
-        traces = [(label.replace(")", f", first {100 * args.until:g}%)"), path) for label, path in traces]
+        first = f"first {100 * args.until:g}%"
+        traces = [
+            (label.replace("whole", first) if "whole" in label else label.replace(")", f", {first})"), path)
+            for label, path in traces
+        ]
     jobs = [(label, path, cap, args.policy, args.until) for label, path in traces for cap in CAPS]
     with Pool(args.jobs) as pool:
         rows = pool.map(_row, jobs, chunksize=1)

@@ -127,7 +127,10 @@ class _FullGrace(TauAdapter):
 def test_a_clear_lead_of_recency_ends_the_predictors_grace(every: int) -> None:
     """The cache starts on the predictor in its grace; where recency wins from the first request, a
     lead past the undo threshold hands the cache to recency within the grace (the full grace
-    waits ``_GRACE`` decisions: a third of a 900-request trace at 32 requests per decision)."""
+    waits ``_GRACE`` decisions: a third of a 900-request trace at 32 requests per decision). The
+    harness's real cache is the shadow as served at the last decision, so in this world (a block
+    returns within a decision) it scores nothing and the first decision ends the stay: this checks
+    that a lead ends the grace at all; where the threshold lies is the next test's."""
     world = _returns_world(2000, 2, -2.0, 2.0)  # lying values: recency keeps the returns, the predictor not
     early = _drive(TauAdapter((300.0,), 300.0, 24, every=every, recency=True, bypass=False), world)
     full = _drive(_FullGrace((300.0,), 300.0, 24, every=every, recency=True, bypass=False), world)
