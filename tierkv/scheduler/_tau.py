@@ -217,6 +217,8 @@ class TauAdapter:
     PROTECTED = 0.8  # the segmented mode's protected share of the cache (as W-TinyLFU's main cache)
     _JUMP_DECAY = 0.5  # the recency shadows' recent hits (about the last two decisions: change points)
     _JUMP_Z = 4.0  # how many standard deviations a recent lead must reach to count as a change point
+    _PROVISIONAL = 2  # decisions after a change point during which the data since it can undo it
+    _UNDO_Z = 2.0  # standard deviations of a lead that undoes a change point or ends the predictor's grace
 
     def __init__(
         self,
@@ -562,9 +564,9 @@ class TauAdapter:
           cache to the tenth decision, a third of the trace, while the segmented shadow had led the
           real cache by 4 standard deviations since the sixth; on the first 8% of the lab's traces
           (150-1,200 requests) 33 of 42 rows were below the best classical policy, by 148.5 points in
-          all (with this rule 29, by 54.9: ``benchmarks/results/2026-12-05-session20.txt``). These two counts decay by
-          ``mode_decay`` (0.95: about the last 20 decisions), faster than the candidates' ``decay``: the mode must follow a
-          workload's phases. And the real cache's lead is capped at ``lead_cap`` decisions' worth of
+          all (with this rule 29, by 54.9: ``benchmarks/results/2026-12-05-session20.txt``). These
+          two counts decay by ``mode_decay`` (0.95: about the last 20 decisions), faster than the
+          candidates' ``decay``: the mode must follow a workload's phases. And the real cache's lead is capped at ``lead_cap`` decisions' worth of
           the shadow's hits (a saturating counter, as set dueling's selector): a lead banked in a
           phase where prediction won cannot hold the cache on the predictor through a later phase
           where recency wins (on the bursty shape, recency's 5-7% per decision would need dozens of
@@ -806,9 +808,6 @@ class TauAdapter:
             other = max((k for k in _FILTERED if k != cur), key=counts.__getitem__)
             if counts[other] > counts[cur]:
                 self._set_recency(other)  # another mode behind the admission filter: no margin
-
-    _PROVISIONAL = 2  # decisions after a change point during which the data since it can undo it
-    _UNDO_Z = 2.0  # how many standard deviations the mode left must lead by since the change point to undo it
 
     def _fast_counts(self) -> list[float]:
         """The recency shadows' ``mode_decay`` counts, numbered as :meth:`_set_recency` numbers the modes."""
