@@ -1,8 +1,10 @@
 """The lab table of issue 22: the shipped library's prefix hit rate on every synthetic shape at several
 seeds and on the whole Mooncake conversation and synthetic traces, beside the classical policies and Belady.
 
-Per trace and capacity (1 / 5 / 10% of its distinct blocks, split 0.4): LRU, ARC, S3-FIFO, W-TinyLFU and
-Belady (the lab's independent implementations), and ``--policy`` (default ``tierkv-adaptive``: a real
+Per trace and capacity (``--capacities``, in percent of its distinct blocks: 1 / 5 / 10 by default; split
+0.4): LRU, ARC, S3-FIFO and W-TinyLFU (each of the last two also in a common variant, ``s3fifo-2`` and
+``tinylfu-reset``: the best classical policy is the best of all six) and Belady (the lab's independent
+implementations), and ``--policy`` (default ``tierkv-adaptive``: a real
 ``TierKV`` with the default policy, driven request by request), its margin over the best classical policy
 in points, and the fraction of the LRU -> Belady gap it closes (where Belady is > 2 points above LRU). The
 summary line counts the rows below the best classical policy (by more than 0.05 points), the worst
@@ -11,7 +13,8 @@ margin and the mean gap closed.
 Synthetic traces are generated into ``--dir`` when missing (``python -m tierkv.lab.synth``; sessions per
 shape as in ``benchmarks/results/2026-12-03-session8.txt``: bursty 1500, rag 2000, agent_tools 100, chat
 1500, mixture 1500; and sysprompt 12000 requests, added in ``2026-12-04-session12.txt``). Rows run in ``--jobs`` processes. Run:
-``python benchmarks/lab_table.py [--seeds 7,11,13] [--shapes ...] [--no-mooncake] [--jobs 2] [--until F]``
+``python benchmarks/lab_table.py [--seeds 7,11,13] [--shapes ...] [--no-mooncake] [--jobs 2] [--until F]
+[--capacities 1,5,10]``
 (``--no-mooncake``: neither Mooncake trace; about 5-6 minutes on the 2-vCPU development VM). ``--until F``
 replays only each trace's first ``F`` of its time span (``tierkv.lab.replay.truncate``), as a trace of its
 own: capacities from its distinct blocks, the split at 0.4 of its span. Short traces are a check of their
@@ -30,8 +33,7 @@ from tierkv.lab.policies import next_use_index
 from tierkv.lab.replay import load_trace, make_policy, replay, truncate
 
 SESSIONS = {"bursty": 1500, "rag": 2000, "agent_tools": 100, "chat": 1500, "mixture": 1500, "sysprompt": 12000}
-CLASSICAL = ("lru", "arc", "s3fifo", "tinylfu")
-CAPS = (0.01, 0.05, 0.10)
+CLASSICAL = ("lru", "arc", "s3fifo", "s3fifo-2", "tinylfu", "tinylfu-reset")  # with two common variants
 _TRACES = Path(__file__).resolve().parent.parent / "tests" / "data" / "traces"
 MOONCAKE = _TRACES / "mooncake_conversation_trace.jsonl"
 #: the release's synthetic workload (public datasets, Poisson arrivals), added in session 18
@@ -68,9 +70,16 @@ def main() -> None:
     ap.add_argument("--no-mooncake", action="store_true")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--until", type=float, default=1.0, help="replay each trace's first fraction of time only")
+    ap.add_argument("--capacities", default="1,5,10", help="capacities in percent of each trace's distinct blocks")
     args = ap.parse_args()
     if not 0.0 < args.until <= 1.0:
         ap.error("--until must be in (0, 1]")
+    try:
+        caps = tuple(float(c) / 100.0 for c in args.capacities.split(","))
+    except ValueError:
+        ap.error("--capacities must be numbers separated by commas")
+    if not all(0.0 < c <= 1.0 for c in caps):
+        ap.error("--capacities must be in (0, 100]")
     d = Path(args.dir)
     d.mkdir(parents=True, exist_ok=True)
     traces: list[tuple[str, str]] = (
@@ -95,12 +104,12 @@ def main() -> None:
             (label.replace("whole", first) if "whole" in label else label.replace(")", f", {first})"), path)
             for label, path in traces
         ]
-    jobs = [(label, path, cap, args.policy, args.until) for label, path in traces for cap in CAPS]
+    jobs = [(label, path, cap, args.policy, args.until) for label, path in traces for cap in caps]
     with Pool(args.jobs) as pool:
         rows = pool.map(_row, jobs, chunksize=1)
     w = max(22, *(len(label) + 1 for label, _ in traces))
     print(
-        f"{'trace':<{w}}{'cap':>4} {'lru':>7} {'best classical':>16} {'belady':>7} {args.policy:>16} {'vs best':>8} {'gap':>5}"
+        f"{'trace':<{w}}{'cap':>4} {'lru':>7} {'best classical':>21} {'belady':>7} {args.policy:>16} {'vs best':>8} {'gap':>5}"
     )
     below, worst, gaps = 0, 0.0, []
     for label, cap, r in rows:
@@ -114,7 +123,7 @@ def main() -> None:
         below += margin < -0.05
         worst = min(worst, margin)
         print(
-            f"{label:<{w}}{cap * 100:>3.0f}% {r['lru']:>7.4f} {best:>8} {r[best]:.4f} {r['belady']:>7.4f} {v:>16.4f}"
+            f"{label:<{w}}{cap * 100:>3.0f}% {r['lru']:>7.4f} {best:>13} {r[best]:.4f} {r['belady']:>7.4f} {v:>16.4f}"
             f" {margin:>+8.1f} {'-' if gap is None else f'{100 * gap:.0f}%':>5}"
         )
     mean = 100 * sum(gaps) / len(gaps) if gaps else float("nan")

@@ -1,5 +1,6 @@
 """One table from ``tierkv replay --json`` outputs: per trace and capacity, the prefix hit rate of the
-classical baselines, Belady, and one policy (the shipped one), its margin over the best classical policy
+classical baselines (those the outputs have of LRU, ARC, S3-FIFO, W-TinyLFU and the variants ``s3fifo-2`` and
+``tinylfu-reset``), Belady, and one policy (the shipped one), its margin over the best classical policy
 and the fraction of the LRU -> Belady gap it closes.
 
 Run: ``python benchmarks/replay_table.py [--policy tierkv-adaptive] [--per-shape] OUT1.json [OUT2.json ...]``;
@@ -14,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-CLASSICAL = ("lru", "arc", "s3fifo", "tinylfu")
+CLASSICAL = ("lru", "arc", "s3fifo", "s3fifo-2", "tinylfu", "tinylfu-reset")  # with two common variants
 
 
 def main() -> None:

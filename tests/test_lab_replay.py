@@ -105,7 +105,9 @@ def test_every_policy_is_sane_and_belady_bounds_block_hits(reqs: list[list[int]]
         LfuPolicy(cap),
         ArcPolicy(cap),
         S3FifoPolicy(cap),
+        S3FifoPolicy(cap, move_at=2),
         TinyLfuPolicy(cap),
+        TinyLfuPolicy(cap, restart=True),
         TierKVPolicy(cap),
     ):
         out = run(pol, reqs)
@@ -124,6 +126,7 @@ def test_policies_never_exceed_capacity() -> None:
             LruPolicy(cap),
             LfuPolicy(cap),
             S3FifoPolicy(cap),
+            S3FifoPolicy(cap, move_at=2),
             TierKVPolicy(cap),
             BeladyPolicy(cap, next_use_index(reqs)),
         ):
@@ -132,9 +135,33 @@ def test_policies_never_exceed_capacity() -> None:
         arc = ArcPolicy(cap)
         run(arc, reqs)
         assert len(arc.t1) + len(arc.t2) <= cap
-        tl = TinyLfuPolicy(cap)
-        run(tl, reqs)
-        assert len(tl.win) + len(tl.prob) + len(tl.prot) <= cap
+        for restart in (False, True):
+            tl = TinyLfuPolicy(cap, restart=restart)
+            run(tl, reqs)
+            assert len(tl.win) + len(tl.prob) + len(tl.prot) <= cap
+
+
+def test_tinylfu_variants_differ_only_in_the_count_a_reset_leaves() -> None:
+    """``tinylfu`` halves the count of accesses at a reset (the paper, Caffeine): the next reset comes
+    after half a window; ``tinylfu-reset`` restarts it from zero: after a whole one."""
+    for restart, resets in ((False, [10, 15, 20, 25]), (True, [10, 20])):
+        tl = TinyLfuPolicy(1, restart=restart)  # a window of 10 accesses
+        assert tl.name == ("tinylfu-reset" if restart else "tinylfu")
+        seen = []
+        for i in range(25):
+            tl.request([7], float(i), False)
+            seen.append(tl.seen)
+        assert [i + 1 for i in range(1, 25) if seen[i] < seen[i - 1]] == resets
+        assert make_policy(tl.name, 1, load_trace(SLICE)).name == tl.name  # type: ignore[attr-defined]
+
+
+def test_s3fifo_2_needs_two_accesses_in_the_small_fifo_to_reach_the_main_one() -> None:
+    for move_at in (1, 2):
+        s3 = S3FifoPolicy(10, move_at=move_at)  # a small FIFO of 1
+        run(s3, singles([1, 1, 2]))  # 1 accessed once more in the small FIFO, then pushed out by 2
+        assert (1 in s3.main) == (move_at == 1)
+        assert (1 in s3.ghost) == (move_at == 2)
+    assert make_policy("s3fifo-2", 10, load_trace(SLICE)).name == "s3fifo-2"  # type: ignore[attr-defined]
 
 
 def test_prefix_hits_count_only_the_leading_run() -> None:

@@ -119,7 +119,7 @@ __all__ = [
 #: x4 shared prefixes), which the library does not run.
 POLICIES: tuple[str, ...] = ("lru", "lfu", "arc", "s3fifo", "tinylfu", "belady", "tierkv", "lab-tierkv")
 #: policies run only when named
-EXTRA_POLICIES: tuple[str, ...] = ("tierkv-predictive", "tierkv-adaptive", "tierkv-lru")
+EXTRA_POLICIES: tuple[str, ...] = ("tierkv-predictive", "tierkv-adaptive", "tierkv-lru", "tinylfu-reset", "s3fifo-2")
 ABLATIONS: dict[str, SessionOptions | TierKVOptions] = {
     "lab-tierkv-no-predictor": TierKVOptions(predictor=False),
     "lab-tierkv-no-prefix-tree": TierKVOptions(prefix_tree=False),
@@ -236,6 +236,8 @@ def make_policy(name: str, capacity: int, trace: Trace, next_uses: list[list[int
         "arc": ArcPolicy,
         "s3fifo": S3FifoPolicy,
         "tinylfu": TinyLfuPolicy,
+        "tinylfu-reset": lambda c: TinyLfuPolicy(c, restart=True),
+        "s3fifo-2": lambda c: S3FifoPolicy(c, move_at=2),
         "lab-tierkv": TierKVPolicy,
         "tierkv": LibraryPolicy,
         "tierkv-predictive": lambda c: LibraryPolicy(c, policy="predictive", name="tierkv-predictive"),

@@ -5,8 +5,10 @@ Classical baselines touch blocks in request order, as a serving engine does:
 * ``lru`` (:mod:`.lru`) -- least recently used.
 * ``lfu`` (:mod:`.lfu`) -- least frequently used (frequency while resident), ties broken by recency.
 * ``arc`` (:mod:`.arc`) -- Adaptive Replacement Cache (Megiddo & Modha, FAST'03).
-* ``s3fifo`` (:mod:`.s3fifo`) -- S3-FIFO (Yang et al., SOSP'23).
-* ``tinylfu`` (:mod:`.tinylfu`) -- W-TinyLFU (Einziger et al., 2017).
+* ``s3fifo`` (:mod:`.s3fifo`) -- S3-FIFO (Yang et al., SOSP'23); ``s3fifo-2`` moves an object to the main
+  FIFO after two accesses in the small one, not one.
+* ``tinylfu`` (:mod:`.tinylfu`) -- W-TinyLFU (Einziger et al., 2017); ``tinylfu-reset`` restarts the count
+  of accesses from zero at each halving of the frequencies (as ristretto), not from half.
 * ``belady`` (:mod:`.belady`) -- Belady's MIN with bypass (offline upper bound for block hits).
 
 tierkv's own:

@@ -2,7 +2,12 @@
 
 A 1% window LRU, a segmented-LRU main (20% probation), admission by frequency. The frequency "sketch" is an
 exact counter dict halved every ``10 x capacity`` accesses (the reset/ageing of TinyLFU without the
-count-min approximation).
+count-min approximation). Implementations differ in what the reset does to the count of accesses since the
+last one: the paper ("divide it and all other counters by 2") and Caffeine halve it too, so that after the
+first reset the counts halve every ``5 x capacity`` accesses (``tinylfu``); others (ristretto, simple
+reference implementations) restart it from zero, halving every ``10 x capacity`` (``tinylfu-reset``). The two
+differ by up to 8 points of prefix hit rate at small capacities, either way round
+(``benchmarks/results/2026-12-06-session21.txt``): the lab's best classical policy is the better of them.
 """
 
 from __future__ import annotations
@@ -16,10 +21,25 @@ __all__ = ["TinyLfuPolicy"]
 class TinyLfuPolicy:
     """W-TinyLFU: window LRU (1%) -> TinyLFU admission -> SLRU main (probation 20% / protected 80%)."""
 
-    __slots__ = ("counts", "name", "prob", "prob_cap", "prot", "prot_cap", "reset_at", "seen", "win", "win_cap")
+    __slots__ = (
+        "counts",
+        "name",
+        "prob",
+        "prob_cap",
+        "prot",
+        "prot_cap",
+        "reset_at",
+        "restart",
+        "seen",
+        "win",
+        "win_cap",
+    )
 
-    def __init__(self, capacity: int) -> None:
-        self.name = "tinylfu"
+    def __init__(self, capacity: int, *, restart: bool = False) -> None:
+        """``restart``: a reset restarts the count of accesses from zero (``tinylfu-reset``) instead of
+        halving it (``tinylfu``)."""
+        self.restart = restart
+        self.name = "tinylfu-reset" if restart else "tinylfu"
         self.win_cap = max(1, capacity // 100)
         main = capacity - self.win_cap
         self.prot_cap = int(main * 0.8)
@@ -36,7 +56,7 @@ class TinyLfuPolicy:
         c[b] = c.get(b, 0) + 1
         self.seen += 1
         if self.seen >= self.reset_at:
-            self.seen //= 2
+            self.seen = 0 if self.restart else self.seen // 2
             self.counts = {k: v // 2 for k, v in c.items() if v > 1}
 
     def _to_main(self, cand: int) -> None:
