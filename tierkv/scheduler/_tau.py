@@ -563,7 +563,7 @@ class TauAdapter:
           ``benchmarks/adversarial_traces.py``: 900 requests, 28 decisions) the predictor held the
           cache to the tenth decision, a third of the trace, while the segmented shadow had led the
           real cache by 4 standard deviations since the sixth; on the first 8% of the lab's traces
-          (150-1,200 requests) 33 of 42 rows were below the best classical policy, by 148.5 points in
+          (150-1,200 requests) 33 of 42 rows were below the best classical policy (of four), by 148.5 points in
           all (with this rule 29, by 54.9: ``benchmarks/results/2026-12-05-session20.txt``). These
           two counts decay by ``mode_decay`` (0.95: about the last 20 decisions), faster than the
           candidates' ``decay``: the mode must follow a workload's phases. And the real cache's lead is capped at ``lead_cap`` decisions' worth of
