@@ -80,6 +80,7 @@ def main() -> None:
         ap.error("--capacities must be numbers separated by commas")
     if not all(0.0 < c <= 1.0 for c in caps):
         ap.error("--capacities must be in (0, 100]")
+    caps = tuple(sorted(set(caps)))
     d = Path(args.dir)
     d.mkdir(parents=True, exist_ok=True)
     traces: list[tuple[str, str]] = (
@@ -109,7 +110,7 @@ def main() -> None:
         rows = pool.map(_row, jobs, chunksize=1)
     w = max(22, *(len(label) + 1 for label, _ in traces))
     print(
-        f"{'trace':<{w}}{'cap':>4} {'lru':>7} {'best classical':>21} {'belady':>7} {args.policy:>16} {'vs best':>8} {'gap':>5}"
+        f"{'trace':<{w}}{'cap':>4} {'lru':>7} {'best classical':>20} {'belady':>7} {args.policy:>16} {'vs best':>8} {'gap':>5}"
     )
     below, worst, gaps = 0, 0.0, []
     for label, cap, r in rows:
@@ -123,7 +124,7 @@ def main() -> None:
         below += margin < -0.05
         worst = min(worst, margin)
         print(
-            f"{label:<{w}}{cap * 100:>3.0f}% {r['lru']:>7.4f} {best:>13} {r[best]:.4f} {r['belady']:>7.4f} {v:>16.4f}"
+            f"{label:<{w}}{cap * 100:>3g}% {r['lru']:>7.4f} {best:>13} {r[best]:.4f} {r['belady']:>7.4f} {v:>16.4f}"
             f" {margin:>+8.1f} {'-' if gap is None else f'{100 * gap:.0f}%':>5}"
         )
     mean = 100 * sum(gaps) / len(gaps) if gaps else float("nan")

@@ -348,7 +348,9 @@ SHAPES = {
 
 
 def main() -> None:
-    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "traces")
+    if len(sys.argv) != 2:
+        sys.exit("usage: python benchmarks/more_shapes.py OUTDIR")
+    out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
     for name, fn in SHAPES.items():
         for seed in (1, 2):

@@ -151,6 +151,8 @@ def test_tinylfu_variants_differ_only_in_the_count_a_reset_leaves() -> None:
         for i in range(25):
             tl.request([7], float(i), False)
             seen.append(tl.seen)
+            if i == 9:
+                assert tl.counts == {7: 5}  # both halve the counts alike
         assert [i + 1 for i in range(1, 25) if seen[i] < seen[i - 1]] == resets
         assert make_policy(tl.name, 1, load_trace(SLICE)).name == tl.name  # type: ignore[attr-defined]
 
@@ -161,6 +163,11 @@ def test_s3fifo_2_needs_two_accesses_in_the_small_fifo_to_reach_the_main_one() -
         run(s3, singles([1, 1, 2]))  # 1 accessed once more in the small FIFO, then pushed out by 2
         assert (1 in s3.main) == (move_at == 1)
         assert (1 in s3.ghost) == (move_at == 2)
+        s3 = S3FifoPolicy(10, move_at=move_at)
+        run(s3, singles([1, 1, 1, 2]))  # accessed twice more: both move it to the main FIFO
+        assert 1 in s3.main and 1 not in s3.ghost
+    with pytest.raises(ValueError, match="move_at"):
+        S3FifoPolicy(10, move_at=4)
     assert make_policy("s3fifo-2", 10, load_trace(SLICE)).name == "s3fifo-2"  # type: ignore[attr-defined]
 
 

@@ -22,6 +22,8 @@ class S3FifoPolicy:
     def __init__(self, capacity: int, *, move_at: int = 1) -> None:
         """``move_at``: the accesses in the small FIFO (after the first) that move an object to the main
         one (1: ``s3fifo``, 2: ``s3fifo-2``)."""
+        if isinstance(move_at, bool) or not isinstance(move_at, int) or not 1 <= move_at <= 3:
+            raise ValueError(f"move_at must be 1, 2 or 3 (the frequency caps at 3), not {move_at!r}")
         self.move_at = move_at
         self.name = "s3fifo" if move_at == 1 else f"s3fifo-{move_at}"
         self.small_cap = max(1, capacity // 10)
