@@ -30,10 +30,9 @@ from multiprocessing import Pool
 from pathlib import Path
 
 from tierkv.lab.policies import next_use_index
-from tierkv.lab.replay import load_trace, make_policy, replay, truncate
+from tierkv.lab.replay import CLASSICAL, load_trace, make_policy, replay, truncate
 
 SESSIONS = {"bursty": 1500, "rag": 2000, "agent_tools": 100, "chat": 1500, "mixture": 1500, "sysprompt": 12000}
-CLASSICAL = ("lru", "arc", "s3fifo", "s3fifo-2", "tinylfu", "tinylfu-reset")  # with two common variants
 _TRACES = Path(__file__).resolve().parent.parent / "tests" / "data" / "traces"
 MOONCAKE = _TRACES / "mooncake_conversation_trace.jsonl"
 #: the release's synthetic workload (public datasets, Poisson arrivals), added in session 18

@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-CLASSICAL = ("lru", "arc", "s3fifo", "s3fifo-2", "tinylfu", "tinylfu-reset")  # with two common variants
+from tierkv.lab.replay import CLASSICAL
 
 
 def main() -> None:

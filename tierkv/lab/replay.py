@@ -103,6 +103,7 @@ from .policies.library import LibraryPolicy
 
 __all__ = [
     "ABLATIONS",
+    "CLASSICAL",
     "POLICIES",
     "Trace",
     "add_gap_closed",
@@ -120,6 +121,9 @@ __all__ = [
 POLICIES: tuple[str, ...] = ("lru", "lfu", "arc", "s3fifo", "tinylfu", "belady", "tierkv", "lab-tierkv")
 #: policies run only when named
 EXTRA_POLICIES: tuple[str, ...] = ("tierkv-predictive", "tierkv-adaptive", "tierkv-lru", "tinylfu-reset", "s3fifo-2")
+#: the classical baselines a shipped policy is held to (the best of them per row): LRU, ARC, S3-FIFO and
+#: W-TinyLFU, the last two also in a common variant each (``s3fifo-2``, ``tinylfu-reset``)
+CLASSICAL: tuple[str, ...] = ("lru", "arc", "s3fifo", "s3fifo-2", "tinylfu", "tinylfu-reset")
 ABLATIONS: dict[str, SessionOptions | TierKVOptions] = {
     "lab-tierkv-no-predictor": TierKVOptions(predictor=False),
     "lab-tierkv-no-prefix-tree": TierKVOptions(prefix_tree=False),
